@@ -1,0 +1,211 @@
+//! The contract every lock service implements.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::error::LockError;
+use crate::guarantees::Guarantees;
+use crate::lease::{ClockPolicy, Lease};
+use crate::name::LockName;
+use crate::token::{FencingToken, OwnerToken};
+
+/// The longest TTL accepted: long enough for any lease, short enough that
+/// every backend can represent it in milliseconds and add it to a clock.
+pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The longest wait accepted for one acquire.
+pub const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A validated request to take a lock.
+///
+/// Built with [`AcquireRequest::new`], which refuses a zero or oversized TTL
+/// and an oversized wait before any I/O.
+#[derive(Clone, Debug)]
+pub struct AcquireRequest {
+    /// The lock.
+    pub name: LockName,
+    /// Who asks: the token stored as the owner.
+    pub owner: OwnerToken,
+    /// The lease length asked for.
+    pub ttl: Duration,
+    /// How long [`LockBackend::acquire`] may wait for a holder to go away.
+    /// Zero means one attempt.
+    pub wait: Duration,
+    /// How the local deadline is computed.
+    pub clock: ClockPolicy,
+}
+
+impl AcquireRequest {
+    /// Validates the TTL and wait.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_core::{AcquireRequest, LockName, OwnerToken, LockError};
+    /// let name = LockName::new("job").unwrap();
+    /// let ok = AcquireRequest::new(name.clone(), OwnerToken::random(), Duration::from_secs(5), Duration::ZERO);
+    /// assert!(ok.is_ok());
+    /// let zero = AcquireRequest::new(name, OwnerToken::random(), Duration::ZERO, Duration::ZERO);
+    /// assert!(matches!(zero, Err(LockError::InvalidTtl { .. })));
+    /// ```
+    pub fn new(
+        name: LockName,
+        owner: OwnerToken,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Self, LockError> {
+        validate_ttl(ttl)?;
+        validate_wait(wait)?;
+        Ok(AcquireRequest {
+            name,
+            owner,
+            ttl,
+            wait,
+            clock: ClockPolicy::default(),
+        })
+    }
+
+    /// The instant the wait ends, counted from now.
+    pub fn wait_deadline(&self) -> Instant {
+        // validate_wait guarantees this fits.
+        Instant::now() + self.wait
+    }
+
+    /// A lease for this request, granted for `granted_ttl` with `fence`, on a
+    /// request sent at `sent_at`.
+    pub fn lease(&self, fence: FencingToken, granted_ttl: Duration, sent_at: Instant) -> Lease {
+        Lease::new(
+            self.name.clone(),
+            self.owner,
+            fence,
+            granted_ttl,
+            sent_at,
+            self.clock,
+        )
+    }
+}
+
+/// Refuses a TTL of zero or above [`MAX_TTL`].
+pub fn validate_ttl(ttl: Duration) -> Result<(), LockError> {
+    if ttl.is_zero() {
+        return Err(LockError::InvalidTtl {
+            ttl,
+            reason: "a lease must last longer than zero".into(),
+        });
+    }
+    if ttl > MAX_TTL {
+        return Err(LockError::InvalidTtl {
+            ttl,
+            reason: format!("the maximum is {MAX_TTL:?}"),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses a wait above [`MAX_WAIT`] (which could overflow a deadline).
+pub fn validate_wait(wait: Duration) -> Result<(), LockError> {
+    if wait > MAX_WAIT || Instant::now().checked_add(wait).is_none() {
+        return Err(LockError::InvalidWait {
+            wait,
+            reason: format!("the maximum is {MAX_WAIT:?}"),
+        });
+    }
+    Ok(())
+}
+
+/// Who holds a lock, as far as the backend can tell.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HolderInfo {
+    /// The holder's identity as stored (an owner token, or a foreign
+    /// client's value such as a Redisson `uuid:threadId`).
+    pub owner: String,
+    /// The holder's fencing token, when the backend can tell.
+    pub fence: Option<FencingToken>,
+    /// Time left before the server expires the lease, when known.
+    pub expires_in: Option<Duration>,
+}
+
+impl HolderInfo {
+    /// A holder description.
+    pub fn new(owner: String, fence: Option<FencingToken>, expires_in: Option<Duration>) -> Self {
+        HolderInfo {
+            owner,
+            fence,
+            expires_in,
+        }
+    }
+}
+
+/// A lock service. One value is one client (connection pool, session); share
+/// it behind an `Arc<dyn LockBackend>`.
+///
+/// Every method's future may be dropped at an `.await`: see each method's
+/// "Cancel safety" section for what that leaves on the server.
+#[async_trait]
+pub trait LockBackend: Send + Sync + Debug + 'static {
+    /// One attempt. `Ok(None)` means someone else holds the lock. Never waits
+    /// for a holder.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: if dropped after the request left, the lock may have
+    /// been taken on the server with nobody holding the lease; it then stays
+    /// taken until its TTL runs out.
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError>;
+
+    /// Waits up to `req.wait` for the lock, woken by the backend's own
+    /// notifications; `Ok(None)` when the wait ran out.
+    ///
+    /// The default polls [`try_acquire`](LockBackend::try_acquire) with
+    /// jittered exponential backoff (see [`crate::wait::poll_acquire`]).
+    ///
+    /// # Cancel safety
+    /// Dropping the future while it waits leaves nothing behind (no queued
+    /// entry, no subscription). Dropping it during an attempt is like
+    /// dropping [`try_acquire`](LockBackend::try_acquire).
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        crate::wait::poll_acquire(self, req, crate::wait::Backoff::default()).await
+    }
+
+    /// Extends the lease by its TTL, measured from now.
+    /// `Err(Lost)` if it is no longer ours; never re-creates an expired lock.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a renew that was dropped either extended the lease or did
+    /// not; the old lease's deadline stays valid either way.
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError>;
+
+    /// Compare-owner-and-delete. Releasing a lease that is already released
+    /// is `Ok`; `Err(Lost)` if someone else holds the lock now (their lock is
+    /// left untouched).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped release either happened or did not; the lock
+    /// then expires at its TTL.
+    async fn release(&self, lease: &Lease) -> Result<(), LockError>;
+
+    /// Who holds `name` now.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError>;
+
+    /// Removes the lock whoever holds it: an operator's escape hatch that
+    /// breaks mutual exclusion if the holder is alive. Returns whether there
+    /// was a lock to remove. Fencing tokens are not reset.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the lock is either removed or not.
+    async fn force_release(&self, name: &LockName) -> Result<bool, LockError> {
+        let _ = name;
+        Err(LockError::Unsupported {
+            op: "force_release",
+            backend: self.guarantees().backend,
+        })
+    }
+
+    /// What this backend promises.
+    fn guarantees(&self) -> Guarantees;
+}

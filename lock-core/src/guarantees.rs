@@ -1,0 +1,122 @@
+//! What a backend promises, as plain data.
+
+use std::time::Duration;
+
+/// Whose clock decides that a lease has expired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExpiryClock {
+    /// The lock server's clock (Redis PX, the database's `now()`).
+    Server,
+    /// The leader's lease timer of a consensus group (etcd, ZooKeeper sessions).
+    Consensus,
+    /// The client process's own monotonic clock (the in-memory backend).
+    Local,
+}
+
+/// How a waiter learns that a lock became free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WaitMechanism {
+    /// An in-process notification.
+    InProcess,
+    /// A pub/sub message published at release.
+    PubSub,
+    /// A watch on the predecessor's key or node.
+    Watch,
+    /// Database notifications (PostgreSQL LISTEN/NOTIFY).
+    Notify,
+    /// Polling with jittered exponential backoff.
+    Poll,
+}
+
+/// When fencing tokens strictly increase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FencingGuarantee {
+    /// Always, including across server restarts and failovers.
+    Strict,
+    /// As long as the server keeps its data; the string names the faults that
+    /// can make tokens go backwards (restart without persistence, failover to
+    /// a replica that missed a write).
+    UnlessDataLoss(&'static str),
+}
+
+/// The promises a backend makes. The conformance suite selects cases by these
+/// fields, the fault suite checks them, and the docs table is generated from
+/// them.
+///
+/// The struct is `non_exhaustive`: build it with [`Guarantees::new`] and set
+/// fields.
+///
+/// ```
+/// use lock_core::{Guarantees, WaitMechanism};
+/// let mut g = Guarantees::new("example");
+/// g.wait = WaitMechanism::Poll;
+/// assert!(!g.fair_fifo);
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Guarantees {
+    /// Backend name, as used in URLs and error messages.
+    pub backend: &'static str,
+    /// When fencing tokens strictly increase.
+    pub fencing: FencingGuarantee,
+    /// Waiters acquire in the order they started waiting.
+    pub fair_fifo: bool,
+    /// Whose clock expires leases.
+    pub expiry_clock: ExpiryClock,
+    /// A held lock is still held after the server restarts.
+    pub survives_restart: bool,
+    /// A held lock is still held after a failover to another node.
+    pub survives_failover: bool,
+    /// How waiters wake up.
+    pub wait: WaitMechanism,
+    /// The smallest TTL the backend can grant; shorter requests are rounded up.
+    pub min_ttl: Duration,
+    /// TTLs are rounded up to a multiple of this (etcd: one second).
+    pub ttl_granularity: Duration,
+    /// The backend can remove a lock it does not own (`force_release`).
+    pub force_release: bool,
+}
+
+impl Guarantees {
+    /// The weakest promises: a backend opts in to each stronger one.
+    pub fn new(backend: &'static str) -> Self {
+        Guarantees {
+            backend,
+            fencing: FencingGuarantee::UnlessDataLoss("unknown"),
+            fair_fifo: false,
+            expiry_clock: ExpiryClock::Server,
+            survives_restart: false,
+            survives_failover: false,
+            wait: WaitMechanism::Poll,
+            min_ttl: Duration::from_millis(1),
+            ttl_granularity: Duration::from_millis(1),
+            force_release: false,
+        }
+    }
+
+    /// The TTL this backend would grant for `requested`: at least `min_ttl`,
+    /// rounded up to the granularity.
+    pub fn effective_ttl(&self, requested: Duration) -> Duration {
+        let t = requested.max(self.min_ttl);
+        let g = self.ttl_granularity.as_nanos().max(1);
+        let n = t.as_nanos().div_ceil(g) * g;
+        Duration::from_nanos(u64::try_from(n).unwrap_or(u64::MAX))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn effective_ttl_rounds_up() {
+        let mut g = Guarantees::new("x");
+        g.min_ttl = Duration::from_secs(2);
+        g.ttl_granularity = Duration::from_secs(1);
+        assert_eq!(g.effective_ttl(Duration::from_millis(10)), Duration::from_secs(2));
+        assert_eq!(g.effective_ttl(Duration::from_millis(2500)), Duration::from_secs(3));
+    }
+}

@@ -1,0 +1,57 @@
+//! The polylock contract.
+//!
+//! - [`LockBackend`]: what every lock service implements (one attempt, a
+//!   wait, renew, release, inspect, and its [`Guarantees`] as data).
+//! - [`Lease`], [`FencingToken`], [`OwnerToken`], [`LockName`]: the values
+//!   that cross that contract, validated once here.
+//! - [`Locker`], [`LockGuard`]: the API applications use, with a watchdog
+//!   that renews at a third of the TTL and a [`LockGuard::lost`] signal.
+//! - [`MemoryBackend`]: the in-process reference implementation.
+//! - [`LockError`]: the one error type.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_core::LockError> {
+//! use std::time::Duration;
+//! use lock_core::{Locker, MemoryBackend};
+//!
+//! let locker = Locker::new(MemoryBackend::new());
+//! let guard = locker.lock("invoices").ttl(Duration::from_secs(5)).acquire().await?;
+//! assert!(guard.is_held());
+//! // A second holder is refused while the first holds.
+//! assert!(locker.lock("invoices").try_acquire().await?.is_none());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod backend;
+mod error;
+mod guarantees;
+mod guard;
+mod held;
+mod lease;
+mod locker;
+mod memory;
+mod name;
+mod observe;
+mod owner;
+mod redact;
+mod token;
+pub mod wait;
+mod watchdog;
+
+pub use backend::{
+    validate_ttl, validate_wait, AcquireRequest, HolderInfo, LockBackend, MAX_TTL, MAX_WAIT,
+};
+pub use error::{BoxError, LockError, Result};
+pub use guarantees::{ExpiryClock, FencingGuarantee, Guarantees, WaitMechanism};
+pub use guard::LockGuard;
+pub use lease::{ClockPolicy, Lease};
+pub use locker::{LockBuilder, Locker, DEFAULT_TTL};
+pub use memory::MemoryBackend;
+pub use name::LockName;
+pub use owner::Owner;
+pub use redact::redact_url;
+pub use token::{FencingToken, OwnerToken};
+
+/// Re-exported so backends implement [`LockBackend`] with the same macro.
+pub use async_trait::async_trait;

@@ -1,0 +1,187 @@
+//! The in-process reference backend.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::backend::{AcquireRequest, HolderInfo, LockBackend};
+use crate::error::LockError;
+use crate::guarantees::{ExpiryClock, FencingGuarantee, Guarantees, WaitMechanism};
+use crate::lease::Lease;
+use crate::name::LockName;
+use crate::token::{FencingToken, OwnerToken};
+use crate::wait::{acquire_loop, Backoff};
+
+/// A lock service inside this process: the full contract (TTLs, fencing,
+/// owner checks, wake-ups) with no server. Clones share one lock table, so
+/// each clone acts as another client of the same service.
+///
+/// It is the reference the conformance suite always runs, and a fine choice
+/// for tests and single-process programs. It does not coordinate processes.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_core::LockError> {
+/// use lock_core::{Locker, MemoryBackend};
+/// let locker = Locker::new(MemoryBackend::new());
+/// let guard = locker.lock("report").acquire().await?;
+/// assert_eq!(guard.fence().get(), 1);
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct MemoryBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    table: Mutex<Table>,
+    released: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    held: HashMap<LockName, Entry>,
+    /// Last fencing token per name; never reset, like a persistent counter.
+    fences: HashMap<LockName, u64>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    owner: OwnerToken,
+    fence: FencingToken,
+    expires_at: Instant,
+}
+
+impl Table {
+    /// The live entry for `name`, dropping it first if its TTL ran out.
+    fn live(&mut self, name: &LockName, now: Instant) -> Option<&mut Entry> {
+        if self.held.get(name).is_some_and(|e| e.expires_at <= now) {
+            self.held.remove(name);
+        }
+        self.held.get_mut(name)
+    }
+}
+
+impl MemoryBackend {
+    /// An empty lock table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        // A panic while holding this mutex cannot leave the table half
+        // updated (every mutation is a single insert or remove), so a
+        // poisoned lock is still consistent.
+        self.inner
+            .table
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[async_trait]
+impl LockBackend for MemoryBackend {
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        let sent_at = Instant::now();
+        let mut t = self.table();
+        if t.live(&req.name, sent_at).is_some() {
+            return Ok(None);
+        }
+        let counter = t.fences.entry(req.name.clone()).or_insert(0);
+        *counter += 1;
+        let fence = FencingToken::new(*counter).expect("counter starts above zero");
+        t.held.insert(
+            req.name.clone(),
+            Entry {
+                owner: req.owner,
+                fence,
+                expires_at: sent_at + req.ttl,
+            },
+        );
+        Ok(Some(req.lease(fence, req.ttl, sent_at)))
+    }
+
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        let backoff = Backoff {
+            initial: Duration::from_millis(1),
+            max: Duration::from_millis(20),
+        };
+        acquire_loop(self, req, backoff, || {
+            let mut wake = Box::pin(self.inner.released.notified());
+            // Registered now, before the attempt, so a release in between is
+            // not missed.
+            wake.as_mut().enable();
+            wake
+        })
+        .await
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let sent_at = Instant::now();
+        let mut t = self.table();
+        match t.live(lease.name(), sent_at) {
+            Some(e) if e.owner == lease.owner() && e.fence == lease.fence() => {
+                e.expires_at = sent_at + lease.ttl();
+                Ok(lease.renewed(lease.ttl(), sent_at))
+            }
+            _ => Err(LockError::Lost {
+                name: lease.name().to_string(),
+            }),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        let now = Instant::now();
+        let mut t = self.table();
+        match t.live(lease.name(), now) {
+            None => Ok(()),
+            Some(e) if e.owner == lease.owner() && e.fence == lease.fence() => {
+                t.held.remove(lease.name());
+                drop(t);
+                self.inner.released.notify_waiters();
+                Ok(())
+            }
+            Some(_) => Err(LockError::Lost {
+                name: lease.name().to_string(),
+            }),
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
+        let now = Instant::now();
+        let mut t = self.table();
+        Ok(t.live(name, now).map(|e| {
+            HolderInfo::new(
+                e.owner.to_string(),
+                Some(e.fence),
+                Some(e.expires_at.saturating_duration_since(now)),
+            )
+        }))
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<bool, LockError> {
+        let now = Instant::now();
+        let mut t = self.table();
+        let existed = t.live(name, now).is_some();
+        t.held.remove(name);
+        drop(t);
+        self.inner.released.notify_waiters();
+        Ok(existed)
+    }
+
+    fn guarantees(&self) -> Guarantees {
+        let mut g = Guarantees::new("memory");
+        g.fencing = FencingGuarantee::Strict;
+        g.expiry_clock = ExpiryClock::Local;
+        g.survives_restart = false;
+        g.survives_failover = false;
+        g.wait = WaitMechanism::InProcess;
+        g.force_release = true;
+        g
+    }
+}

@@ -1,0 +1,45 @@
+//! polylock: one distributed-lock API over Redis, etcd, ZooKeeper and SQL,
+//! chosen by a URL.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), polylock::LockError> {
+//! let locker = polylock::connect("memory://docs").await?;
+//! let guard = locker.lock("nightly-report").acquire().await?;
+//! println!("fencing token {}", guard.fence());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Each backend is behind a cargo feature; [`available_schemes`] lists what
+//! this build can connect to, and an unknown or disabled scheme is an error
+//! that names them.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+pub use lock_core::*;
+
+#[cfg(feature = "memory")]
+mod memory;
+mod registry;
+
+pub use registry::available_schemes;
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Connects to the lock service named by `url` and returns a [`Locker`].
+///
+/// # Cancel safety
+/// Cancel safe: a dropped connect leaves no lock behind.
+pub async fn connect(url: &str) -> Result<Locker, LockError> {
+    Ok(Locker::from_arc(connect_backend(url).await?))
+}
+
+/// Connects to the lock service named by `url` and returns the raw backend.
+///
+/// # Cancel safety
+/// Cancel safe: a dropped connect leaves no lock behind.
+pub async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
+    registry::connect_backend(url).await
+}

@@ -1,0 +1,90 @@
+//! The one place that maps a URL scheme to a backend.
+
+use std::sync::Arc;
+
+use lock_core::{redact_url, LockBackend, LockError};
+
+use crate::BoxFuture;
+
+type Connect = fn(String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>>;
+
+/// A URL scheme polylock knows, whether or not this build includes it.
+struct Scheme {
+    scheme: &'static str,
+    /// The cargo feature that brings it in.
+    feature: &'static str,
+    connect: Option<Connect>,
+}
+
+/// Every scheme, compiled in or not, so an error can say which feature to
+/// turn on.
+const SCHEMES: &[Scheme] = &[
+    Scheme {
+        scheme: "memory",
+        feature: "memory",
+        #[cfg(feature = "memory")]
+        connect: Some(|url| Box::pin(async move { crate::memory::connect(&url) })),
+        #[cfg(not(feature = "memory"))]
+        connect: None,
+    },
+    Scheme { scheme: "redis", feature: "redis", connect: None },
+    Scheme { scheme: "rediss", feature: "redis", connect: None },
+    Scheme { scheme: "redis+cluster", feature: "redis", connect: None },
+    Scheme { scheme: "etcd", feature: "etcd", connect: None },
+    Scheme { scheme: "zk", feature: "zookeeper", connect: None },
+    Scheme { scheme: "sqlite", feature: "sql", connect: None },
+    Scheme { scheme: "postgres", feature: "sql", connect: None },
+    Scheme { scheme: "postgresql", feature: "sql", connect: None },
+    Scheme { scheme: "mysql", feature: "sql", connect: None },
+    Scheme { scheme: "mariadb", feature: "sql", connect: None },
+];
+
+/// The schemes this build can connect to.
+pub fn available_schemes() -> Vec<&'static str> {
+    SCHEMES
+        .iter()
+        .filter(|s| s.connect.is_some())
+        .map(|s| s.scheme)
+        .collect()
+}
+
+/// The scheme of `url`, lowercased; an error for a string with none.
+fn scheme_of(url: &str) -> Result<String, LockError> {
+    let end = url.find(':').filter(|&i| i > 0).ok_or_else(|| {
+        LockError::Config(format!(
+            "`{}` is not a lock URL: expected SCHEME://..., with SCHEME one of {}",
+            redact_url(url),
+            available_schemes().join(", ")
+        ))
+    })?;
+    let scheme = &url[..end];
+    if !scheme
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    {
+        return Err(LockError::Config(format!(
+            "`{}` is not a lock URL: the scheme has invalid characters",
+            redact_url(url)
+        )));
+    }
+    Ok(scheme.to_ascii_lowercase())
+}
+
+pub(crate) async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
+    let scheme = scheme_of(url)?;
+    let available = available_schemes().join(", ");
+    match SCHEMES.iter().find(|s| s.scheme == scheme) {
+        Some(Scheme {
+            connect: Some(connect),
+            ..
+        }) => connect(url.to_string()).await,
+        Some(Scheme { feature, .. }) => Err(LockError::Config(format!(
+            "the `{scheme}` scheme needs polylock built with the `{feature}` cargo feature; \
+             this build has: {available}"
+        ))),
+        None => Err(LockError::Config(format!(
+            "unknown lock URL scheme `{scheme}` in `{}`; this build has: {available}",
+            redact_url(url)
+        ))),
+    }
+}
