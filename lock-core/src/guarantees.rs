@@ -116,7 +116,13 @@ mod tests {
         let mut g = Guarantees::new("x");
         g.min_ttl = Duration::from_secs(2);
         g.ttl_granularity = Duration::from_secs(1);
-        assert_eq!(g.effective_ttl(Duration::from_millis(10)), Duration::from_secs(2));
-        assert_eq!(g.effective_ttl(Duration::from_millis(2500)), Duration::from_secs(3));
+        assert_eq!(
+            g.effective_ttl(Duration::from_millis(10)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            g.effective_ttl(Duration::from_millis(2500)),
+            Duration::from_secs(3)
+        );
     }
 }

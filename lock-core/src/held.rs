@@ -3,10 +3,10 @@
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::watch;
-use tracing::Instrument;
 use tokio::task::AbortHandle;
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::backend::LockBackend;
 use crate::error::LockError;

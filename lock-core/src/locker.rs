@@ -9,8 +9,8 @@ use tracing::Instrument;
 
 use crate::backend::{validate_ttl, validate_wait, AcquireRequest, HolderInfo, LockBackend};
 use crate::error::LockError;
-use crate::guard::LockGuard;
 use crate::guarantees::Guarantees;
+use crate::guard::LockGuard;
 use crate::held::Held;
 use crate::lease::ClockPolicy;
 use crate::name::LockName;
@@ -188,7 +188,11 @@ impl LockBuilder {
     /// until its TTL runs out (see [`LockBackend::try_acquire`]).
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         let wait = self.wait;
-        let name = self.name.as_ref().map(|n| n.to_string()).unwrap_or_default();
+        let name = self
+            .name
+            .as_ref()
+            .map(|n| n.to_string())
+            .unwrap_or_default();
         match self.take(true).await? {
             Some(guard) => Ok(guard),
             None => Err(LockError::Timeout { name, waited: wait }),
@@ -235,7 +239,10 @@ impl LockBuilder {
         let name = self.name?;
         validate_ttl(self.ttl)?;
         let wait_for = if wait { self.wait } else { Duration::ZERO };
-        let owner_token = self.owner.as_ref().map_or_else(OwnerToken::random, Owner::token);
+        let owner_token = self
+            .owner
+            .as_ref()
+            .map_or_else(OwnerToken::random, Owner::token);
         let mut req = AcquireRequest::new(name, owner_token, self.ttl, wait_for)?;
         req.clock = self.locker.clock;
 
@@ -273,7 +280,12 @@ impl LockBuilder {
             Ok(None) => Outcome::Timeout,
             Err(_) => Outcome::Error,
         };
-        observe::acquire_done(backend_name, outcome, started.elapsed(), !wait_for.is_zero());
+        observe::acquire_done(
+            backend_name,
+            outcome,
+            started.elapsed(),
+            !wait_for.is_zero(),
+        );
         let Some(lease) = result? else {
             return Ok(None);
         };

@@ -36,7 +36,12 @@ impl Outcome {
     }
 }
 
-pub(crate) fn acquire_done(backend: &'static str, outcome: Outcome, elapsed: Duration, waited: bool) {
+pub(crate) fn acquire_done(
+    backend: &'static str,
+    outcome: Outcome,
+    elapsed: Duration,
+    waited: bool,
+) {
     metrics::histogram!("polylock_acquire_seconds", "backend" => backend, "outcome" => outcome.label())
         .record(elapsed.as_secs_f64());
     if waited && matches!(outcome, Outcome::Acquired) {

@@ -28,12 +28,7 @@ pub fn redact_url(url: &str) -> String {
         Some(colon) => format!("{}:***", &userinfo[..colon]),
         None => userinfo.to_string(),
     };
-    redact_query(&format!(
-        "{}{}{}",
-        &url[..rest_start],
-        user,
-        &rest[at..]
-    ))
+    redact_query(&format!("{}{}{}", &url[..rest_start], user, &rest[at..]))
 }
 
 /// Blanks query parameters that carry secrets (`password=`, `token=`, ...).
@@ -54,9 +49,17 @@ fn redact_query(url: &str) -> String {
 
 fn is_secret_key(k: &str) -> bool {
     let k = k.to_ascii_lowercase();
-    ["password", "passwd", "pass", "token", "secret", "sslpassword", "auth"]
-        .iter()
-        .any(|s| k == *s || k.ends_with(&format!("_{s}")))
+    [
+        "password",
+        "passwd",
+        "pass",
+        "token",
+        "secret",
+        "sslpassword",
+        "auth",
+    ]
+    .iter()
+    .any(|s| k == *s || k.ends_with(&format!("_{s}")))
 }
 
 #[cfg(test)]
@@ -66,7 +69,10 @@ mod tests {
     #[test]
     fn redacts_userinfo_and_query() {
         assert_eq!(redact_url("mysql://u:p@ss@h/db"), "mysql://u:***@h/db");
-        assert_eq!(redact_url("etcd://h:2379?password=x&user=u"), "etcd://h:2379?password=***&user=u");
+        assert_eq!(
+            redact_url("etcd://h:2379?password=x&user=u"),
+            "etcd://h:2379?password=***&user=u"
+        );
         assert_eq!(redact_url("not a url"), "not a url");
         assert_eq!(redact_url("redis://user@h"), "redis://user@h");
     }

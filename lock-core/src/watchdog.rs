@@ -68,7 +68,9 @@ async fn run(held: Arc<Held>) {
                         _ = held.stop.cancelled() => return,
                         _ = sleep_until(deadline.min(now + pause)) => {}
                     }
-                    pause = (pause * 2).min(lease.ttl() / 6).max(Duration::from_millis(5));
+                    pause = (pause * 2)
+                        .min(lease.ttl() / 6)
+                        .max(Duration::from_millis(5));
                 }
                 Err(_elapsed) => {
                     observe::renew_failed(held.backend_name);

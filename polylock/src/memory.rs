@@ -24,6 +24,8 @@ pub(crate) fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner());
-    let backend = tables.entry(rest.trim_end_matches('/').to_string()).or_default();
+    let backend = tables
+        .entry(rest.trim_end_matches('/').to_string())
+        .or_default();
     Ok(Arc::new(backend.clone()))
 }

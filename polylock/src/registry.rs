@@ -27,16 +27,56 @@ const SCHEMES: &[Scheme] = &[
         #[cfg(not(feature = "memory"))]
         connect: None,
     },
-    Scheme { scheme: "redis", feature: "redis", connect: None },
-    Scheme { scheme: "rediss", feature: "redis", connect: None },
-    Scheme { scheme: "redis+cluster", feature: "redis", connect: None },
-    Scheme { scheme: "etcd", feature: "etcd", connect: None },
-    Scheme { scheme: "zk", feature: "zookeeper", connect: None },
-    Scheme { scheme: "sqlite", feature: "sql", connect: None },
-    Scheme { scheme: "postgres", feature: "sql", connect: None },
-    Scheme { scheme: "postgresql", feature: "sql", connect: None },
-    Scheme { scheme: "mysql", feature: "sql", connect: None },
-    Scheme { scheme: "mariadb", feature: "sql", connect: None },
+    Scheme {
+        scheme: "redis",
+        feature: "redis",
+        connect: None,
+    },
+    Scheme {
+        scheme: "rediss",
+        feature: "redis",
+        connect: None,
+    },
+    Scheme {
+        scheme: "redis+cluster",
+        feature: "redis",
+        connect: None,
+    },
+    Scheme {
+        scheme: "etcd",
+        feature: "etcd",
+        connect: None,
+    },
+    Scheme {
+        scheme: "zk",
+        feature: "zookeeper",
+        connect: None,
+    },
+    Scheme {
+        scheme: "sqlite",
+        feature: "sql",
+        connect: None,
+    },
+    Scheme {
+        scheme: "postgres",
+        feature: "sql",
+        connect: None,
+    },
+    Scheme {
+        scheme: "postgresql",
+        feature: "sql",
+        connect: None,
+    },
+    Scheme {
+        scheme: "mysql",
+        feature: "sql",
+        connect: None,
+    },
+    Scheme {
+        scheme: "mariadb",
+        feature: "sql",
+        connect: None,
+    },
 ];
 
 /// The schemes this build can connect to.

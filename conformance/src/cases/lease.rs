@@ -1,0 +1,95 @@
+use std::time::Duration;
+
+use tokio::time::{sleep, sleep_until, Instant};
+
+use crate::cases::{raw_try, time_until_free};
+use crate::fixture::Ctx;
+
+/// Renewing before expiry keeps the lock past the original TTL.
+pub(crate) async fn renew_extends_past_the_original_ttl(ctx: &Ctx<'_>) {
+    let name = ctx.name("renew");
+    let ttl = ctx.ttl(Duration::from_millis(800));
+    let holder = ctx.client().await;
+    let other = ctx.client().await;
+    let lease = raw_try(&holder, &name, ttl).await.expect("acquire");
+    let original_end = lease.sent_at() + ttl;
+    sleep(ttl / 2).await;
+    let renewed = holder.renew(&lease).await.expect("renew before expiry");
+    assert!(
+        renewed.deadline() > lease.deadline(),
+        "renew did not move the deadline"
+    );
+    assert_eq!(
+        renewed.fence(),
+        lease.fence(),
+        "renew changed the fencing token"
+    );
+    // Past the original TTL, but well within the renewed one.
+    sleep_until(original_end + ttl / 5).await;
+    assert!(
+        raw_try(&other, &name, ttl).await.is_none(),
+        "the lock expired at its original TTL despite the renew"
+    );
+    let info = other.inspect(&name).await.expect("inspect").expect("held");
+    if let Some(f) = info.fence {
+        assert_eq!(f, lease.fence());
+    }
+    holder.release(&renewed).await.expect("release");
+}
+
+/// A renew that comes after the lease expired fails with Lost and does not
+/// bring the lock back.
+pub(crate) async fn renew_after_expiry_is_lost_and_does_not_resurrect(ctx: &Ctx<'_>) {
+    let name = ctx.name("late-renew");
+    let ttl = ctx.ttl(Duration::from_millis(300));
+    let holder = ctx.client().await;
+    let other = ctx.client().await;
+    let lease = raw_try(&holder, &name, ttl).await.expect("acquire");
+    // Wait until the server has certainly expired it.
+    let free = time_until_free(&other, &name, ttl * 2 + ctx.slack(ttl) * 4).await;
+    let (_, next) = free.expect("the lease never expired");
+    other.release(&next).await.expect("release");
+    let r = holder.renew(&lease).await;
+    assert!(r.as_ref().is_err_and(|e| e.is_lost()), "late renew: {r:?}");
+    assert!(
+        holder.inspect(&name).await.expect("inspect").is_none(),
+        "a late renew resurrected the lock"
+    );
+    let again = raw_try(&other, &name, ttl)
+        .await
+        .expect("free after a late renew");
+    other.release(&again).await.expect("release");
+}
+
+/// A lease that is never released nor renewed stays held until its TTL and
+/// becomes free soon after (tolerance: half the TTL, at least 500 ms).
+pub(crate) async fn abandoned_lease_expires_after_ttl_and_not_before(ctx: &Ctx<'_>) {
+    let name = ctx.name("abandoned");
+    let ttl = ctx.ttl(Duration::from_millis(1000));
+    let holder = ctx.client().await;
+    let other = ctx.client().await;
+    let lease = raw_try(&holder, &name, ttl).await.expect("acquire");
+    let granted_at = lease.sent_at();
+    // Not before: probe until 80% of the TTL.
+    while Instant::now() < granted_at + ttl.mul_f64(0.8) {
+        assert!(
+            raw_try(&other, &name, ttl).await.is_none(),
+            "free after {:?}, before the {ttl:?} TTL",
+            granted_at.elapsed()
+        );
+        sleep(ttl / 10).await;
+    }
+    let (_, next) = time_until_free(&other, &name, ttl + ctx.slack(ttl) * 2)
+        .await
+        .expect("still held well after its TTL");
+    let freed_after = granted_at.elapsed();
+    assert!(
+        freed_after >= ttl.mul_f64(0.8),
+        "freed after {freed_after:?}"
+    );
+    assert!(
+        freed_after <= ttl + ctx.slack(ttl),
+        "freed {freed_after:?} after acquire: later than TTL {ttl:?} + tolerance"
+    );
+    other.release(&next).await.expect("release");
+}

@@ -1,0 +1,93 @@
+//! The cases. Each is a plain async fn over a [`Ctx`]; [`all`] lists them
+//! with the guarantee each one needs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use lock_core::{AcquireRequest, Guarantees, Lease, LockBackend, LockName, OwnerToken};
+
+use crate::fixture::Ctx;
+
+mod exclusion;
+mod fencing;
+mod input;
+mod lease;
+mod ownership;
+mod reentrancy;
+mod waiting;
+mod watchdog;
+
+/// One conformance case.
+pub struct Case {
+    /// `module::function`, used as the test name.
+    pub name: &'static str,
+    /// Whether the case applies to a backend with these guarantees.
+    pub applies: fn(&Guarantees) -> bool,
+    /// The case itself; panics on failure.
+    pub run: for<'a> fn(&'a Ctx<'a>) -> BoxFuture<'a, ()>,
+}
+
+fn always(_: &Guarantees) -> bool {
+    true
+}
+
+macro_rules! case {
+    ($f:path) => {
+        case!($f, always)
+    };
+    ($f:path, $applies:expr) => {
+        Case {
+            name: stringify!($f),
+            applies: $applies,
+            run: |ctx| Box::pin($f(ctx)),
+        }
+    };
+}
+
+/// Every case, in a stable order.
+pub fn all() -> Vec<Case> {
+    vec![
+        case!(exclusion::mutual_exclusion),
+        case!(exclusion::try_acquire_on_held_lock_does_not_wait),
+        case!(exclusion::distinct_names_do_not_collide),
+        case!(exclusion::waiters_acquire_in_fifo_order, |g| g.fair_fifo),
+        case!(waiting::acquire_waits_until_holder_releases),
+        case!(waiting::acquire_times_out_at_the_deadline),
+        case!(waiting::cancelled_waiter_leaves_nothing_behind),
+        case!(ownership::forged_or_stale_release_is_refused),
+        case!(ownership::release_is_idempotent),
+        case!(lease::renew_extends_past_the_original_ttl),
+        case!(lease::renew_after_expiry_is_lost_and_does_not_resurrect),
+        case!(lease::abandoned_lease_expires_after_ttl_and_not_before),
+        case!(watchdog::watchdog_keeps_lock_and_stops_after_release),
+        case!(watchdog::lost_fires_when_lock_removed_behind_holders_back),
+        case!(fencing::tokens_strictly_increase_over_successive_holders),
+        case!(input::bad_input_is_refused_before_any_io),
+        case!(reentrancy::reentrant_owner_counts_holds),
+    ]
+}
+
+/// One raw attempt through the backend, with no guard and no watchdog.
+async fn raw_try(client: &Arc<dyn LockBackend>, name: &LockName, ttl: Duration) -> Option<Lease> {
+    let req = AcquireRequest::new(name.clone(), OwnerToken::random(), ttl, Duration::ZERO)
+        .expect("valid request");
+    client.try_acquire(&req).await.expect("try_acquire")
+}
+
+/// Polls (raw) until `name` can be taken, returning how long that took, or
+/// `None` if it stayed held for `limit`.
+async fn time_until_free(
+    client: &Arc<dyn LockBackend>,
+    name: &LockName,
+    limit: Duration,
+) -> Option<(Duration, Lease)> {
+    let start = tokio::time::Instant::now();
+    while start.elapsed() < limit {
+        if let Some(lease) = raw_try(client, name, Duration::from_secs(30)).await {
+            return Some((start.elapsed(), lease));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}

@@ -1,0 +1,113 @@
+use std::time::Duration;
+
+use lock_core::{Lease, OwnerToken};
+use tokio::time::Instant;
+
+use crate::cases::{raw_try, time_until_free};
+use crate::fixture::Ctx;
+
+fn forged_from(real: &Lease) -> Lease {
+    let forged = Lease::new(
+        real.name().clone(),
+        OwnerToken::random(),
+        real.fence(),
+        real.ttl(),
+        Instant::now(),
+        real.policy(),
+    );
+    match real.backend_key() {
+        Some(k) => forged.with_backend_key(k),
+        None => forged,
+    }
+}
+
+/// A release (or renew) presented with someone else's identity, or with a
+/// lease that expired and was taken over, is refused and leaves the real
+/// holder's lock in place.
+pub(crate) async fn forged_or_stale_release_is_refused(ctx: &Ctx<'_>) {
+    let name = ctx.name("forged");
+    let holder = ctx.client().await;
+    let attacker = ctx.client().await;
+    let real = raw_try(&holder, &name, Duration::from_secs(30))
+        .await
+        .expect("acquire");
+
+    let forged = forged_from(&real);
+    let r = attacker.release(&forged).await;
+    assert!(
+        r.as_ref().is_err_and(|e| e.is_lost()),
+        "forged release: {r:?}"
+    );
+    let r = attacker.renew(&forged).await;
+    assert!(
+        r.as_ref().is_err_and(|e| e.is_lost()),
+        "forged renew: {r:?}"
+    );
+    let info = attacker
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .expect("still held");
+    if let Some(f) = info.fence {
+        assert_eq!(f, real.fence());
+    }
+    assert!(raw_try(&attacker, &name, Duration::from_secs(30))
+        .await
+        .is_none());
+    holder
+        .renew(&real)
+        .await
+        .expect("the real holder can still renew");
+    holder
+        .release(&real)
+        .await
+        .expect("the real holder can release");
+
+    // Stale: a lease that expired and was taken over by someone else.
+    let stale_name = ctx.name("stale");
+    let ttl = ctx.ttl(Duration::from_millis(300));
+    let stale = raw_try(&holder, &stale_name, ttl).await.expect("acquire");
+    let (_, fresh) = time_until_free(&attacker, &stale_name, ttl * 2 + ctx.slack(ttl) * 4)
+        .await
+        .expect("the lease expired");
+    assert!(fresh.fence() > stale.fence());
+    let r = holder.release(&stale).await;
+    assert!(
+        r.as_ref().is_err_and(|e| e.is_lost()),
+        "stale release: {r:?}"
+    );
+    let r = holder.renew(&stale).await;
+    assert!(r.as_ref().is_err_and(|e| e.is_lost()), "stale renew: {r:?}");
+    let info = holder
+        .inspect(&stale_name)
+        .await
+        .expect("inspect")
+        .expect("new holder kept it");
+    if let Some(f) = info.fence {
+        assert_eq!(f, fresh.fence(), "the new holder's lock was replaced");
+    }
+    attacker.release(&fresh).await.expect("release");
+}
+
+/// Releasing twice, or releasing a lease whose lock is already free, is `Ok`.
+pub(crate) async fn release_is_idempotent(ctx: &Ctx<'_>) {
+    let name = ctx.name("idem");
+    let client = ctx.client().await;
+    let lease = raw_try(&client, &name, Duration::from_secs(30))
+        .await
+        .expect("acquire");
+    client.release(&lease).await.expect("first release");
+    client.release(&lease).await.expect("second release");
+    assert!(client.inspect(&name).await.expect("inspect").is_none());
+    // Through the guard API, then the raw lease again.
+    let locker = ctx.locker().await;
+    let guard = locker.lock(name.as_str()).acquire().await.expect("acquire");
+    let lease = guard.lease();
+    guard.release().await.expect("guard release");
+    locker
+        .backend()
+        .release(&lease)
+        .await
+        .expect("release after guard release");
+    assert!(client.inspect(&name).await.expect("inspect").is_none());
+}

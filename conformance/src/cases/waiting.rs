@@ -1,0 +1,117 @@
+use std::time::Duration;
+
+use lock_core::LockError;
+use tokio::time::Instant;
+
+use crate::fixture::Ctx;
+
+/// A waiter gets the lock when the holder releases, not before, and
+/// promptly.
+pub(crate) async fn acquire_waits_until_holder_releases(ctx: &Ctx<'_>) {
+    let name = ctx.name("handoff");
+    let a = ctx.locker().await;
+    let b = ctx.locker().await;
+    let guard = a.lock(name.as_str()).acquire().await.expect("acquire");
+    let first_fence = guard.fence();
+    let waiter = tokio::spawn({
+        let name = name.clone();
+        async move {
+            let g = b
+                .lock(name.as_str())
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .expect("waiter acquires after release");
+            (Instant::now(), g)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!waiter.is_finished(), "the waiter got a held lock");
+    let released_at = Instant::now();
+    guard.release().await.expect("release");
+    let (got_at, g) = waiter.await.expect("waiter task");
+    assert!(
+        got_at >= released_at,
+        "the waiter got the lock before the release"
+    );
+    assert!(
+        g.fence() > first_fence,
+        "fencing token did not increase on hand-off"
+    );
+    let handoff = got_at - released_at;
+    assert!(
+        handoff < Duration::from_secs(3),
+        "hand-off took {handoff:?}"
+    );
+    g.release().await.expect("release");
+}
+
+/// A waiter whose holder never releases gives up at its deadline with
+/// `Timeout`: not much before, not much after.
+pub(crate) async fn acquire_times_out_at_the_deadline(ctx: &Ctx<'_>) {
+    let name = ctx.name("timeout");
+    let a = ctx.locker().await;
+    let b = ctx.locker().await;
+    let guard = a.lock(name.as_str()).acquire().await.expect("acquire");
+    let wait = Duration::from_millis(700);
+    let started = Instant::now();
+    let r = b.lock(name.as_str()).wait(wait).acquire().await;
+    let took = started.elapsed();
+    assert!(
+        matches!(r, Err(LockError::Timeout { waited, .. }) if waited == wait),
+        "expected Timeout, got {r:?}"
+    );
+    assert!(
+        took >= wait,
+        "gave up after {took:?}, before the {wait:?} wait"
+    );
+    assert!(
+        took < wait + ctx.slack(wait) * 4,
+        "gave up late, after {took:?}"
+    );
+    assert!(guard.is_held(), "the holder lost the lock to a waiter");
+    guard.release().await.expect("release");
+}
+
+/// Cancelling a waiting acquire leaves nothing behind: once the holder
+/// releases, the next acquirer gets the lock on its first attempt.
+pub(crate) async fn cancelled_waiter_leaves_nothing_behind(ctx: &Ctx<'_>) {
+    let name = ctx.name("cancel");
+    let a = ctx.locker().await;
+    let b = ctx.locker().await;
+    let c = ctx.locker().await;
+    let guard = a.lock(name.as_str()).acquire().await.expect("acquire");
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(500),
+        b.lock(name.as_str())
+            .wait(Duration::from_secs(30))
+            .acquire(),
+    )
+    .await;
+    assert!(
+        cancelled.is_err(),
+        "the waiter should still be waiting when cancelled"
+    );
+    // Also cancel a waiter that runs in its own task, by aborting it.
+    let task = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move {
+            b.lock(name.as_str())
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    task.abort();
+    assert!(task.await.is_err_and(|e| e.is_cancelled()));
+
+    guard.release().await.expect("release");
+    let next = c
+        .lock(name.as_str())
+        .try_acquire()
+        .await
+        .expect("try_acquire")
+        .expect("a cancelled waiter kept the lock or its place in line");
+    next.release().await.expect("release");
+}

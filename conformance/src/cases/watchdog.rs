@@ -1,0 +1,137 @@
+use std::time::Duration;
+
+use lock_core::Locker;
+use tokio::time::{sleep, timeout, Instant};
+
+use crate::cases::raw_try;
+use crate::counting::Counting;
+use crate::fixture::Ctx;
+
+/// The watchdog keeps a lock for three TTLs; after release the lock is gone
+/// and no renew is sent any more.
+pub(crate) async fn watchdog_keeps_lock_and_stops_after_release(ctx: &Ctx<'_>) {
+    let name = ctx.name("watchdog");
+    let ttl = ctx.ttl(Duration::from_millis(600));
+    let counted = Counting::new(ctx.client().await);
+    let locker = Locker::from_arc(counted.clone());
+    let other = ctx.client().await;
+    let guard = locker
+        .lock(name.as_str())
+        .ttl(ttl)
+        .acquire()
+        .await
+        .expect("acquire");
+    let fence = guard.fence();
+    sleep(ttl * 3).await;
+    assert!(guard.is_held(), "the watchdog let the lock go");
+    assert!(
+        raw_try(&other, &name, ttl).await.is_none(),
+        "lock free while watched"
+    );
+    let info = other.inspect(&name).await.expect("inspect").expect("held");
+    if let Some(f) = info.fence {
+        assert_eq!(f, fence);
+    }
+    let renews = counted.renews();
+    assert!(
+        renews >= 6,
+        "expected a renew every ttl/3, saw {renews} in 3 TTLs"
+    );
+
+    guard.release().await.expect("release");
+    let after_release = counted.renews();
+    assert!(
+        other.inspect(&name).await.expect("inspect").is_none(),
+        "held after release"
+    );
+    sleep(ttl * 2).await;
+    assert_eq!(
+        counted.renews(),
+        after_release,
+        "the watchdog renewed after release"
+    );
+    let next = raw_try(&other, &name, ttl)
+        .await
+        .expect("free after release");
+    other.release(&next).await.expect("release");
+
+    // Dropping the guard stops the watchdog too.
+    let guard = locker
+        .lock(name.as_str())
+        .ttl(ttl)
+        .acquire()
+        .await
+        .expect("acquire");
+    drop(guard);
+    sleep(ttl / 2).await;
+    let after_drop = counted.renews();
+    sleep(ttl * 2).await;
+    assert_eq!(
+        counted.renews(),
+        after_drop,
+        "the watchdog renewed after drop"
+    );
+    assert!(
+        other.inspect(&name).await.expect("inspect").is_none(),
+        "drop did not release"
+    );
+}
+
+/// Removing the lock behind the holder's back fires `lost()`, at the latest
+/// about when the lease's local deadline passes, and `is_held()` is false
+/// from then on.
+pub(crate) async fn lost_fires_when_lock_removed_behind_holders_back(ctx: &Ctx<'_>) {
+    let name = ctx.name("stolen");
+    let ttl = ctx.ttl(Duration::from_millis(900));
+    let locker = ctx.locker().await;
+    let guard = locker
+        .lock(name.as_str())
+        .ttl(ttl)
+        .acquire()
+        .await
+        .expect("acquire");
+    let signal = guard.lost_signal();
+    assert!(guard.is_held());
+    ctx.fixture()
+        .remove_behind_back(&name)
+        .await
+        .expect("remove behind back");
+    let removed_at = Instant::now();
+    let deadline = guard.lease().deadline();
+    // Renewing at ttl/3 finds the lease gone, so the signal comes well before
+    // the deadline; the deadline itself is the contract.
+    timeout(ttl + ctx.slack(ttl), guard.lost())
+        .await
+        .unwrap_or_else(|_| panic!("lost() did not fire within {:?}", ttl + ctx.slack(ttl)));
+    let fired_at = Instant::now();
+    assert!(
+        fired_at <= deadline.max(removed_at) + Duration::from_millis(250),
+        "lost() fired {:?} after the deadline",
+        fired_at - deadline
+    );
+    assert!(!guard.is_held(), "is_held() still true after lost()");
+    timeout(Duration::from_secs(1), signal)
+        .await
+        .expect("the owned signal fires too");
+    let r = guard.release().await;
+    assert!(
+        r.as_ref().is_err_and(|e| e.is_lost()),
+        "release after loss must report Lost: {r:?}"
+    );
+
+    // Without a watchdog, is_held() turns false by the deadline on its own.
+    let guard = locker
+        .lock(name.as_str())
+        .ttl(ttl)
+        .auto_renew(false)
+        .acquire()
+        .await
+        .expect("acquire");
+    let deadline = guard.lease().deadline();
+    tokio::time::sleep_until(deadline + Duration::from_millis(1)).await;
+    assert!(!guard.is_held(), "is_held() true past the deadline");
+    timeout(Duration::from_millis(500), guard.lost())
+        .await
+        .expect("lost() past the deadline");
+    drop(guard);
+}

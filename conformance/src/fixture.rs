@@ -1,0 +1,89 @@
+//! What a backend provides to join the suite.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{Guarantees, LockBackend, LockError, LockName, Locker};
+
+/// A backend under test: a running service (spawned by the test kit, or none
+/// for in-process backends) and a way to make independent clients of it.
+///
+/// A fixture is shared by every case of its backend; cases run on their own
+/// tokio runtimes, so a client must be made by [`Fixture::client`] on the
+/// runtime that uses it.
+#[async_trait]
+pub trait Fixture: Send + Sync {
+    /// What the backend promises; selects the cases that apply.
+    fn guarantees(&self) -> Guarantees;
+
+    /// A new independent client (its own connection, pool or session).
+    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError>;
+
+    /// Removes `name` behind its holder's back, the way an operator or an
+    /// expiry on the server would. The default uses `force_release`.
+    async fn remove_behind_back(&self, name: &LockName) -> Result<(), LockError> {
+        let client = self.client().await?;
+        let removed = client.force_release(name).await?;
+        assert!(removed, "remove_behind_back: {name:?} was not held");
+        Ok(())
+    }
+}
+
+/// What a case sees: the fixture, a unique name prefix, and helpers.
+pub struct Ctx<'a> {
+    fx: &'a dyn Fixture,
+    prefix: String,
+    guarantees: Guarantees,
+}
+
+impl<'a> Ctx<'a> {
+    pub(crate) fn new(fx: &'a dyn Fixture, case: &str) -> Self {
+        let run: u32 = rand::random();
+        Ctx {
+            guarantees: fx.guarantees(),
+            prefix: format!("polylock-test-{run:08x}/{case}"),
+            fx,
+        }
+    }
+
+    /// The fixture.
+    pub fn fixture(&self) -> &dyn Fixture {
+        self.fx
+    }
+
+    /// The backend's promises.
+    pub fn guarantees(&self) -> &Guarantees {
+        &self.guarantees
+    }
+
+    /// A lock name unique to this run and case.
+    pub fn name(&self, suffix: &str) -> LockName {
+        LockName::new(format!("{}/{suffix}", self.prefix)).expect("test names are valid")
+    }
+
+    /// A new client.
+    pub async fn client(&self) -> Arc<dyn LockBackend> {
+        self.fx
+            .client()
+            .await
+            .unwrap_or_else(|e| panic!("fixture could not make a client: {e}"))
+    }
+
+    /// A locker over a new client.
+    pub async fn locker(&self) -> Locker {
+        Locker::from_arc(self.client().await)
+    }
+
+    /// A TTL near `wanted` that the backend grants as asked (rounded up to
+    /// its minimum and granularity), so timing checks use the real value.
+    pub fn ttl(&self, wanted: Duration) -> Duration {
+        self.guarantees.effective_ttl(wanted)
+    }
+
+    /// A slack for timing checks: how late an expiry or a signal may be
+    /// observed on a loaded two-core machine.
+    pub fn slack(&self, ttl: Duration) -> Duration {
+        (ttl / 2).max(Duration::from_millis(500))
+    }
+}

@@ -1,0 +1,80 @@
+//! Turns (backend x case) into test trials of one binary.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use futures::FutureExt;
+use libtest_mimic::{Arguments, Failed, Trial};
+
+use crate::backends::{registered, Registration};
+use crate::cases::{all, Case};
+use crate::fixture::{Ctx, Fixture};
+
+/// The longest one case may run before it counts as hung.
+const CASE_TIMEOUT: Duration = Duration::from_secs(240);
+
+type Shared = Arc<OnceLock<Result<Arc<dyn Fixture>, String>>>;
+
+/// Runs the suite with libtest-style arguments (filters, `--list`, ...).
+pub fn main() {
+    let args = Arguments::from_args();
+    let mut trials = Vec::new();
+    for Registration {
+        label,
+        guarantees,
+        setup,
+    } in registered()
+    {
+        let shared: Shared = Arc::new(OnceLock::new());
+        let promised = guarantees();
+        for Case { name, applies, run } in all() {
+            if !applies(&promised) {
+                continue;
+            }
+            let shared = Arc::clone(&shared);
+            let trial = Trial::test(format!("{label}::{name}"), move || {
+                let fixture = shared
+                    .get_or_init(setup)
+                    .as_ref()
+                    .map_err(|e| Failed::from(format!("{label}: fixture setup failed: {e}")))?;
+                run_case(fixture.as_ref(), name, run)
+            });
+            trials.push(trial);
+        }
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
+
+fn run_case(
+    fixture: &dyn Fixture,
+    name: &'static str,
+    run: for<'a> fn(&'a Ctx<'a>) -> futures::future::BoxFuture<'a, ()>,
+) -> Result<(), Failed> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Failed::from(format!("tokio runtime: {e}")))?;
+    let ctx = Ctx::new(fixture, name.rsplit("::").next().unwrap_or(name));
+    let outcome = rt.block_on(async {
+        let case = AssertUnwindSafe(run(&ctx)).catch_unwind();
+        tokio::time::timeout(CASE_TIMEOUT, case).await
+    });
+    rt.shutdown_timeout(Duration::from_secs(5));
+    match outcome {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(panic)) => Err(Failed::from(panic_message(&panic))),
+        Err(_) => Err(Failed::from(format!(
+            "case did not finish within {CASE_TIMEOUT:?}"
+        ))),
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "case panicked".into())
+}
