@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use lock_core::{LockBackend, LockError, MemoryBackend};
+use lock_core::{redact_url, LockBackend, LockError, MemoryBackend};
 
 /// `memory://` and `memory://NAME` connect to a process-wide table per NAME
 /// (the empty name is a table too), so two `connect` calls with the same URL
@@ -16,7 +16,8 @@ pub(crate) fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
         .unwrap_or("");
     if rest.contains(['?', '#', '@']) {
         return Err(LockError::Config(format!(
-            "`{url}`: memory:// takes only a table name, no options"
+            "`{}`: memory:// takes only a table name, no options",
+            redact_url(url)
         )));
     }
     static TABLES: OnceLock<Mutex<HashMap<String, MemoryBackend>>> = OnceLock::new();

@@ -111,9 +111,18 @@ fn scheme_of(url: &str) -> Result<String, LockError> {
 }
 
 pub(crate) async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
+    resolve(SCHEMES, url).await
+}
+
+async fn resolve(table: &[Scheme], url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
     let scheme = scheme_of(url)?;
-    let available = available_schemes().join(", ");
-    match SCHEMES.iter().find(|s| s.scheme == scheme) {
+    let available: Vec<_> = table
+        .iter()
+        .filter(|s| s.connect.is_some())
+        .map(|s| s.scheme)
+        .collect();
+    let available = available.join(", ");
+    match table.iter().find(|s| s.scheme == scheme) {
         Some(Scheme {
             connect: Some(connect),
             ..
@@ -126,5 +135,44 @@ pub(crate) async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, L
             "unknown lock URL scheme `{scheme}` in `{}`; this build has: {available}",
             redact_url(url)
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_scheme_whose_feature_is_off_names_the_feature_and_what_is_on() {
+        let table = [
+            Scheme {
+                scheme: "memory",
+                feature: "memory",
+                connect: Some(|_| {
+                    Box::pin(async {
+                        Ok(Arc::new(lock_core::MemoryBackend::new()) as Arc<dyn LockBackend>)
+                    })
+                }),
+            },
+            Scheme {
+                scheme: "redis",
+                feature: "redis",
+                connect: None,
+            },
+        ];
+        let err = resolve(&table, "redis://:pw@localhost").await.unwrap_err();
+        let LockError::Config(m) = err else {
+            panic!("{err:?}")
+        };
+        assert!(
+            m.contains("`redis` scheme needs polylock built with the `redis` cargo feature"),
+            "{m}"
+        );
+        assert!(m.contains("this build has: memory"), "{m}");
+        assert!(!m.contains("pw"), "{m}");
+        assert!(
+            resolve(&table, "MEMORY://").await.is_ok(),
+            "schemes are case-insensitive"
+        );
     }
 }

@@ -1,0 +1,89 @@
+//! Guard behaviour that the conformance suite cannot reach: dropping without
+//! a runtime, and the owned lost signal.
+
+use std::time::Duration;
+
+use lock_core::{LockBackend, LockName, Locker, MemoryBackend};
+
+#[test]
+fn drop_without_a_runtime_does_not_block_and_leaves_the_ttl_to_expire() {
+    let backend = MemoryBackend::new();
+    let locker = Locker::new(backend.clone());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = rt.block_on(async {
+        locker
+            .lock("orphan")
+            .ttl(Duration::from_millis(300))
+            .acquire()
+            .await
+            .unwrap()
+    });
+    drop(rt);
+    let started = std::time::Instant::now();
+    drop(guard); // no runtime here: must return at once
+    assert!(started.elapsed() < Duration::from_millis(50));
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let name = LockName::new("orphan").unwrap();
+        assert!(
+            backend.inspect(&name).await.unwrap().is_some(),
+            "with no runtime, the lock stays until its TTL"
+        );
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        assert!(
+            backend.inspect(&name).await.unwrap().is_none(),
+            "TTL expired it"
+        );
+    });
+}
+
+#[tokio::test]
+async fn drop_inside_a_runtime_releases_in_the_background() {
+    let backend = MemoryBackend::new();
+    let locker = Locker::new(backend.clone());
+    let guard = locker.lock("dropped").acquire().await.unwrap();
+    let signal = guard.lost_signal();
+    drop(guard);
+    tokio::time::timeout(Duration::from_secs(1), signal)
+        .await
+        .expect("the owned signal completes once the guard is gone");
+    let name = LockName::new("dropped").unwrap();
+    for _ in 0..100 {
+        if backend.inspect(&name).await.unwrap().is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("drop did not release the lock");
+}
+
+#[tokio::test]
+async fn with_lock_cancels_the_closure_when_the_lock_is_lost() {
+    let backend = MemoryBackend::new();
+    let locker = Locker::new(backend.clone());
+    let thief = backend.clone();
+    let r = locker
+        .lock("cancel-me")
+        .ttl(Duration::from_millis(150))
+        .run(|_fence| async move {
+            thief
+                .force_release(&LockName::new("cancel-me").unwrap())
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            "finished"
+        })
+        .await;
+    assert!(matches!(r, Err(lock_core::LockError::Lost { .. })), "{r:?}");
+    let ok = locker
+        .with_lock("cancel-me", |f| async move { f.get() })
+        .await;
+    assert_eq!(ok.unwrap(), 2);
+}

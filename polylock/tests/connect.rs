@@ -1,0 +1,57 @@
+//! `connect(url)`: one registry maps schemes to backends.
+
+use polylock::{available_schemes, connect, LockError};
+
+#[tokio::test]
+async fn memory_urls_share_a_table_per_name() {
+    let a = connect("memory://shared").await.unwrap();
+    let b = connect("memory://shared").await.unwrap();
+    let c = connect("memory://other").await.unwrap();
+    let g = a.lock("job").acquire().await.unwrap();
+    assert!(
+        b.lock("job").try_acquire().await.unwrap().is_none(),
+        "same URL, same table"
+    );
+    let other = c
+        .lock("job")
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("another table");
+    other.release().await.unwrap();
+    g.release().await.unwrap();
+    assert!(available_schemes().contains(&"memory"));
+}
+
+fn config_message(r: Result<polylock::Locker, LockError>) -> String {
+    match r {
+        Err(LockError::Config(m)) => m,
+        other => panic!("expected a Config error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn unknown_scheme_names_the_available_ones() {
+    let m = config_message(connect("nosuch://host").await);
+    assert!(m.contains("unknown lock URL scheme `nosuch`"), "{m}");
+    for s in available_schemes() {
+        assert!(m.contains(s), "{m} should list {s}");
+    }
+}
+
+#[tokio::test]
+async fn not_a_url_is_a_config_error() {
+    for bad in ["", "just-a-name", "://x", "re dis://x"] {
+        let m = config_message(connect(bad).await);
+        assert!(m.contains("not a lock URL"), "{bad:?}: {m}");
+    }
+}
+
+#[tokio::test]
+async fn errors_never_show_passwords() {
+    let m = config_message(connect("nosuch://user:hunter2@host/db").await);
+    assert!(!m.contains("hunter2"), "{m}");
+    assert!(m.contains("user:***@host"), "{m}");
+    let m = config_message(connect("memory://x?password=hunter2").await);
+    assert!(!m.contains("hunter2"), "{m}");
+}
