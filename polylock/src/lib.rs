@@ -43,3 +43,8 @@ pub async fn connect(url: &str) -> Result<Locker, LockError> {
 pub async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
     registry::connect_backend(url).await
 }
+
+/// The README's examples, compiled as doc tests so they cannot rot.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
