@@ -1,0 +1,37 @@
+//! `status` and `release --force`.
+
+use polylock::{LockName, Locker};
+
+use crate::duration::show;
+use crate::{exit, Failure};
+
+pub(crate) async fn status(locker: &Locker, name: &str) -> Result<u8, Failure> {
+    let name = LockName::new(name)?;
+    match locker.backend().inspect(&name).await? {
+        None => {
+            println!("{name}: free");
+            Ok(exit::FREE)
+        }
+        Some(info) => {
+            let fence = info.fence.map_or("unknown".to_string(), |f| f.to_string());
+            let left = info.expires_in.map_or("unknown".to_string(), show);
+            println!("{name}: held by {}", info.owner);
+            println!("  fencing token: {fence}");
+            println!("  expires in:    {left}");
+            Ok(0)
+        }
+    }
+}
+
+pub(crate) async fn force_release(locker: &Locker, name: &str) -> Result<u8, Failure> {
+    let name = LockName::new(name)?;
+    if locker.backend().force_release(&name).await? {
+        eprintln!(
+            "polylock: removed {name}. If its holder is still running, it no longer has \
+             mutual exclusion; its fencing token is now stale."
+        );
+    } else {
+        eprintln!("polylock: {name} was not held; nothing removed");
+    }
+    Ok(0)
+}
