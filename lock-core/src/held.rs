@@ -12,7 +12,12 @@ use crate::backend::LockBackend;
 use crate::error::LockError;
 use crate::lease::Lease;
 use crate::observe;
-use crate::owner::Registry;
+use crate::owner::{BackendId, Registry};
+
+/// The registry key of a backend client.
+pub(crate) fn backend_id(backend: &Arc<dyn LockBackend>) -> BackendId {
+    Arc::as_ptr(backend) as *const () as usize
+}
 
 /// One network lease, shared by the guards of its holds (one guard, or
 /// several for a reentrant owner) and by its watchdog.
@@ -100,7 +105,7 @@ impl Held {
         }
         drop(s);
         if let Some(reg) = self.registry.as_ref().and_then(Weak::upgrade) {
-            reg.remove(self.current().name(), self);
+            reg.remove(backend_id(&self.backend), self.current().name(), self);
         }
         Some(self.current())
     }

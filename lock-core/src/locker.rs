@@ -11,7 +11,7 @@ use crate::backend::{validate_ttl, validate_wait, AcquireRequest, HolderInfo, Lo
 use crate::error::LockError;
 use crate::guarantees::Guarantees;
 use crate::guard::LockGuard;
-use crate::held::Held;
+use crate::held::{backend_id, Held};
 use crate::lease::ClockPolicy;
 use crate::name::LockName;
 use crate::observe::{self, Outcome};
@@ -249,7 +249,10 @@ impl LockBuilder {
         let _serial = match &self.owner {
             Some(owner) => {
                 let turn = owner.acquiring.clone().lock_owned().await;
-                if let Some(held) = owner.registry.reenter(&req.name) {
+                if let Some(held) = owner
+                    .registry
+                    .reenter(backend_id(&self.locker.backend), &req.name)
+                {
                     return Ok(Some(LockGuard::new(held)));
                 }
                 Some(turn)
@@ -292,7 +295,9 @@ impl LockBuilder {
         let registry = self.owner.as_ref().map(|o| &o.registry);
         let held = Held::new(Arc::clone(backend), lease, registry);
         if let Some(owner) = &self.owner {
-            owner.registry.insert(req.name.clone(), &held);
+            owner
+                .registry
+                .insert(backend_id(backend), req.name.clone(), &held);
         }
         if self.auto_renew {
             watchdog::spawn(&held);

@@ -26,44 +26,50 @@ pub struct Owner {
     pub(crate) acquiring: Arc<tokio::sync::Mutex<()>>,
 }
 
-/// The leases an owner holds, by name.
+/// Which backend a lease lives on: the address of its shared client, so
+/// one owner used with two lockers never mixes their leases.
+pub(crate) type BackendId = usize;
+
+/// The leases an owner holds, by backend and name.
 #[derive(Default)]
 pub(crate) struct Registry {
-    held: Mutex<HashMap<LockName, Weak<Held>>>,
+    held: Mutex<HashMap<(BackendId, LockName), Weak<Held>>>,
 }
 
 impl Registry {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<LockName, Weak<Held>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<(BackendId, LockName), Weak<Held>>> {
         // Each operation is a single insert, lookup or remove: a poisoned map
         // is still consistent.
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Adds a hold to the live lease of `name`, if there is one.
-    pub(crate) fn reenter(&self, name: &LockName) -> Option<Arc<Held>> {
+    pub(crate) fn reenter(&self, backend: BackendId, name: &LockName) -> Option<Arc<Held>> {
+        let key = (backend, name.clone());
         let mut map = self.map();
-        let held = map.get(name).and_then(Weak::upgrade);
+        let held = map.get(&key).and_then(Weak::upgrade);
         match held {
             Some(h) if h.add_hold() => Some(h),
             _ => {
-                map.remove(name);
+                map.remove(&key);
                 None
             }
         }
     }
 
-    pub(crate) fn insert(&self, name: LockName, held: &Arc<Held>) {
-        self.map().insert(name, Arc::downgrade(held));
+    pub(crate) fn insert(&self, backend: BackendId, name: LockName, held: &Arc<Held>) {
+        self.map().insert((backend, name), Arc::downgrade(held));
     }
 
-    /// Forgets `name` if it still points at `held`.
-    pub(crate) fn remove(&self, name: &LockName, held: &Held) {
+    /// Forgets the entry if it still points at `held`.
+    pub(crate) fn remove(&self, backend: BackendId, name: &LockName, held: &Held) {
+        let key = (backend, name.clone());
         let mut map = self.map();
         if map
-            .get(name)
+            .get(&key)
             .is_some_and(|w| std::ptr::eq(w.as_ptr(), held as *const Held))
         {
-            map.remove(name);
+            map.remove(&key);
         }
     }
 }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{sleep_until, timeout_at, Instant};
+use tracing::Instrument;
 
 use crate::held::Held;
 use crate::observe;
@@ -34,7 +35,12 @@ async fn run(held: Arc<Held>) {
             let deadline = lease.deadline();
             let attempt = tokio::select! {
                 _ = held.stop.cancelled() => return,
-                r = timeout_at(deadline, held.backend.renew(&lease)) => r,
+                r = timeout_at(deadline, held.backend.renew(&lease)).instrument(tracing::debug_span!(
+                    "polylock.renew",
+                    backend = held.backend_name,
+                    name = %lease.name(),
+                    fence = lease.fence().get(),
+                )) => r,
             };
             match attempt {
                 Ok(Ok(renewed)) => {
