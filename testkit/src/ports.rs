@@ -1,0 +1,103 @@
+//! Free loopback ports for servers started by tests.
+
+use std::collections::HashSet;
+use std::net::{Ipv4Addr, TcpListener};
+use std::sync::{Mutex, OnceLock};
+
+use rand::Rng;
+
+use crate::error::{Error, Result};
+
+/// Ports already handed out by this process. A port is free the moment we
+/// probe it but the server binds it only later; remembering it keeps two
+/// servers started in parallel threads from being given the same one.
+static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+
+/// Lowest port we pick ourselves; below this live well-known services.
+const MIN_PORT: u16 = 10_000;
+
+/// Returns a TCP port on 127.0.0.1 that nothing listens on right now and that
+/// this process has not handed out before.
+///
+/// Ports are chosen below the kernel's ephemeral range where possible, so that
+/// an outgoing client connection cannot grab the port between this call and
+/// the server binding it.
+///
+/// # Panics
+///
+/// Panics only if no loopback port can be bound at all, which means the
+/// machine cannot run any of these tests. Library code uses
+/// [`try_free_port`], which returns an error instead.
+pub fn free_port() -> u16 {
+    match try_free_port() {
+        Ok(port) => port,
+        Err(e) => panic!("testkit: no free port on 127.0.0.1: {e}"),
+    }
+}
+
+/// Like [`free_port`], but returns an error instead of panicking.
+pub fn try_free_port() -> Result<u16> {
+    let mut guard = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+    let handed_out = guard.get_or_insert_with(HashSet::new);
+
+    if let Some((low, high)) = below_ephemeral_range() {
+        let mut rng = rand::rng();
+        for _ in 0..200 {
+            let port = rng.random_range(low..=high);
+            if !handed_out.contains(&port) && can_bind(port) {
+                handed_out.insert(port);
+                return Ok(port);
+            }
+        }
+    }
+
+    // Fallback: let the kernel choose (from the ephemeral range).
+    let mut last_err = None;
+    for _ in 0..100 {
+        match TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).and_then(|l| l.local_addr()) {
+            Ok(addr) if handed_out.insert(addr.port()) => return Ok(addr.port()),
+            Ok(_) => {}
+            Err(e) => last_err = Some(e),
+        }
+    }
+    Err(Error::io(
+        "binding a free port on 127.0.0.1",
+        last_err.unwrap_or_else(|| std::io::Error::other("every candidate port was taken")),
+    ))
+}
+
+fn can_bind(port: u16) -> bool {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
+}
+
+/// The port range between [`MIN_PORT`] and the start of the kernel's
+/// ephemeral range, if that gap is wide enough to be worth using.
+fn below_ephemeral_range() -> Option<(u16, u16)> {
+    static RANGE: OnceLock<Option<(u16, u16)>> = OnceLock::new();
+    *RANGE.get_or_init(|| {
+        let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+        let low: u16 = text.split_whitespace().next()?.parse().ok()?;
+        let high = low.checked_sub(1)?;
+        (high >= MIN_PORT + 1000).then_some((MIN_PORT, high))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_are_distinct_and_bindable() {
+        let ports: Vec<u16> = (0..50).map(|_| free_port()).collect();
+        let unique: HashSet<u16> = ports.iter().copied().collect();
+        assert_eq!(
+            unique.len(),
+            ports.len(),
+            "free_port handed out a port twice"
+        );
+        for port in ports {
+            TcpListener::bind((Ipv4Addr::LOCALHOST, port))
+                .unwrap_or_else(|e| panic!("port {port} was not free: {e}"));
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! A real `redis-server`.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::ports::try_free_port;
+use crate::process::{find_binary, server_controls, tcp_exchange, CommandSpec, ServerProcess};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(15);
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A `redis-server` on a free port of 127.0.0.1 with its own temp directory.
+///
+/// It starts with `--save '' --appendonly no`: nothing is persisted, so after
+/// [`kill`](Self::kill) + [`restart`](Self::restart) the server is empty, like
+/// a fail-over to a replica that had not received the writes, which is the
+/// case lock-safety tests care about. To keep data across restarts pass
+/// `--appendonly yes --appendfsync always` to [`start_with_args`](Self::start_with_args).
+#[derive(Debug)]
+pub struct RedisServer {
+    process: ServerProcess,
+    port: u16,
+}
+
+server_controls!(RedisServer, process);
+
+impl RedisServer {
+    /// Starts a server and waits until it answers `PING`.
+    pub fn start() -> Result<RedisServer> {
+        Self::start_with_args(&[])
+    }
+
+    /// Starts a server with extra command-line flags (e.g. `--cluster-enabled yes`)
+    /// appended after the defaults, so they override them.
+    pub fn start_with_args(extra_args: &[&str]) -> Result<RedisServer> {
+        let binary = find_binary("redis-server", "redis-server", &[])?;
+        let dir = tempfile::Builder::new()
+            .prefix("testkit-redis-")
+            .tempdir()
+            .map_err(|e| Error::io("creating a temp dir for redis-server", e))?;
+        let port = try_free_port()?;
+        let spec = CommandSpec::new(binary)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(["--logfile", ""])
+            .args(extra_args)
+            .cwd(dir.path());
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let process = ServerProcess::start(
+            format!("redis-server on {addr}"),
+            spec,
+            Box::new(move || ping(addr)),
+            READY_TIMEOUT,
+            dir,
+            "redis.log",
+        )?;
+        Ok(RedisServer { process, port })
+    }
+
+    /// The TCP port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:port`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// `redis://127.0.0.1:port`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+/// Sends `PING` in RESP and expects `+PONG`; a server still loading its data
+/// answers `-LOADING`, which counts as not ready.
+fn ping(addr: SocketAddr) -> std::result::Result<(), String> {
+    let reply = tcp_exchange(addr, b"*1\r\n$4\r\nPING\r\n", PROBE_TIMEOUT, |r| {
+        r.ends_with(b"\r\n")
+    })?;
+    if reply.starts_with(b"+PONG") {
+        Ok(())
+    } else {
+        Err(format!(
+            "PING answered {:?}",
+            String::from_utf8_lossy(&reply)
+        ))
+    }
+}

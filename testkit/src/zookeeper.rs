@@ -1,0 +1,141 @@
+//! A real ZooKeeper server (standalone), run directly on the JVM.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::ports::try_free_port;
+use crate::process::{
+    find_binary, require_file, server_controls, tcp_exchange, CommandSpec, ServerProcess,
+};
+
+/// The JVM starts in about a second alone, but much slower while other
+/// servers start in parallel on a two-core machine.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// ZooKeeper 3.8.0 can accept a four-letter word during start-up and never
+/// answer it, so the probe must give up on its own.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Where Debian's `libzookeeper-java` (pulled in by `zookeeper`) puts the
+/// server; its manifest's Class-Path names the other jars it needs.
+const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
+/// ZooKeeper logs through slf4j; without a binding it logs nothing at all.
+const SLF4J_SIMPLE_JAR: &str = "/usr/share/java/slf4j-simple.jar";
+
+/// Tick of 500 ms: sessions can then time out in one second
+/// (2 × tickTime), which keeps session-expiry tests short.
+const TICK_TIME_MS: u64 = 500;
+
+/// A standalone ZooKeeper server on a free port of 127.0.0.1, with its own
+/// data directory, `tickTime=500` and the four-letter words `srvr`, `stat`,
+/// `ruok`, `mntr`, `conf`, `cons`, `envi`, `wchs`, `dump` and `isro` enabled.
+#[derive(Debug)]
+pub struct ZooKeeperServer {
+    process: ServerProcess,
+    port: u16,
+}
+
+server_controls!(ZooKeeperServer, process);
+
+impl ZooKeeperServer {
+    /// Starts the server and waits until `srvr` reports a mode.
+    pub fn start() -> Result<ZooKeeperServer> {
+        let java = find_java()?;
+        let zk_jar = require_file(Path::new(ZOOKEEPER_JAR), "zookeeper")?;
+        let slf4j = require_file(Path::new(SLF4J_SIMPLE_JAR), "libslf4j-java")?;
+
+        let dir = tempfile::Builder::new()
+            .prefix("testkit-zookeeper-")
+            .tempdir()
+            .map_err(|e| Error::io("creating a temp dir for ZooKeeper", e))?;
+        let port = try_free_port()?;
+        let config = dir.path().join("zoo.cfg");
+        let data_dir = dir.path().join("data");
+        // forceSync=no: no fsync per write. A SIGKILL does not lose data that
+        // reached the page cache, and tests never crash the machine.
+        let text = format!(
+            "tickTime={TICK_TIME_MS}\n\
+             initLimit=10\n\
+             syncLimit=5\n\
+             dataDir={}\n\
+             clientPort={port}\n\
+             clientPortAddress=127.0.0.1\n\
+             maxClientCnxns=0\n\
+             admin.enableServer=false\n\
+             4lw.commands.whitelist=srvr,stat,ruok,mntr,conf,cons,envi,wchs,dump,isro\n\
+             forceSync=no\n",
+            data_dir.display()
+        );
+        std::fs::write(&config, text)
+            .map_err(|e| Error::io(format!("writing {}", config.display()), e))?;
+
+        let classpath = format!("{}:{}", zk_jar.display(), slf4j.display());
+        // Small heap and C1 only: start-up time matters, throughput does not.
+        // -XX:-UsePerfData keeps the JVM from leaving files in /tmp.
+        let spec = CommandSpec::new(java)
+            .args([
+                "-Xmx128m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                "-XX:-UsePerfData",
+                "-Djava.awt.headless=true",
+                "-cp",
+                &classpath,
+                "org.apache.zookeeper.server.ZooKeeperServerMain",
+            ])
+            .arg(&config)
+            .cwd(dir.path());
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let process = ServerProcess::start(
+            format!("ZooKeeper on {addr}"),
+            spec,
+            Box::new(move || srvr(addr).map(drop)),
+            READY_TIMEOUT,
+            dir,
+            "zookeeper.log",
+        )?;
+        Ok(ZooKeeperServer { process, port })
+    }
+
+    /// The client port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:port`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// The server's `tickTime` (500 ms). Session timeouts are clamped to
+    /// between 2 and 20 ticks, i.e. 1 s to 10 s.
+    pub fn tick_time(&self) -> Duration {
+        Duration::from_millis(TICK_TIME_MS)
+    }
+
+    /// The client connect string, `127.0.0.1:port`.
+    pub fn connect_string(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+/// Sends the `srvr` four-letter word; a serving server's reply has a
+/// `Mode:` line, while one still starting says it is not serving requests.
+fn srvr(addr: SocketAddr) -> std::result::Result<String, String> {
+    let reply = tcp_exchange(addr, b"srvr", PROBE_TIMEOUT, |_| false)?;
+    let text = String::from_utf8_lossy(&reply).into_owned();
+    if text.contains("Mode: ") {
+        Ok(text)
+    } else {
+        Err(format!("srvr answered {:?}", text.trim()))
+    }
+}
+
+/// `java` from `$JAVA_HOME/bin` or the usual places.
+fn find_java() -> Result<PathBuf> {
+    let extra: Vec<PathBuf> = std::env::var_os("JAVA_HOME")
+        .map(|home| vec![PathBuf::from(home).join("bin")])
+        .unwrap_or_default();
+    find_binary("java", "default-jre-headless", &extra)
+}
