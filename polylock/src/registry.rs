@@ -55,29 +55,52 @@ const SCHEMES: &[Scheme] = &[
     Scheme {
         scheme: "sqlite",
         feature: "sql",
+        #[cfg(feature = "sql")]
+        connect: Some(connect_sql),
+        #[cfg(not(feature = "sql"))]
         connect: None,
     },
     Scheme {
         scheme: "postgres",
         feature: "sql",
+        #[cfg(feature = "sql")]
+        connect: Some(connect_sql),
+        #[cfg(not(feature = "sql"))]
         connect: None,
     },
     Scheme {
         scheme: "postgresql",
         feature: "sql",
+        #[cfg(feature = "sql")]
+        connect: Some(connect_sql),
+        #[cfg(not(feature = "sql"))]
         connect: None,
     },
     Scheme {
         scheme: "mysql",
         feature: "sql",
+        #[cfg(feature = "sql")]
+        connect: Some(connect_sql),
+        #[cfg(not(feature = "sql"))]
         connect: None,
     },
     Scheme {
         scheme: "mariadb",
         feature: "sql",
+        #[cfg(feature = "sql")]
+        connect: Some(connect_sql),
+        #[cfg(not(feature = "sql"))]
         connect: None,
     },
 ];
+
+#[cfg(feature = "sql")]
+fn connect_sql(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>> {
+    Box::pin(async move {
+        let backend = backend_sql::SqlBackend::connect(&url).await?;
+        Ok(Arc::new(backend) as Arc<dyn LockBackend>)
+    })
+}
 
 /// The schemes this build can connect to.
 pub fn available_schemes() -> Vec<&'static str> {

@@ -88,16 +88,16 @@ mod tests {
 
     #[test]
     fn ports_are_distinct_and_bindable() {
-        let ports: Vec<u16> = (0..50).map(|_| free_port()).collect();
-        let unique: HashSet<u16> = ports.iter().copied().collect();
-        assert_eq!(
-            unique.len(),
-            ports.len(),
-            "free_port handed out a port twice"
-        );
-        for port in ports {
-            TcpListener::bind((Ipv4Addr::LOCALHOST, port))
+        // Bind each port as soon as it is handed out: other processes on the
+        // machine (parallel test runs) may take a free port at any moment.
+        let mut listeners = Vec::new();
+        let mut seen = HashSet::new();
+        for _ in 0..50 {
+            let port = free_port();
+            assert!(seen.insert(port), "free_port handed out {port} twice");
+            let l = TcpListener::bind((Ipv4Addr::LOCALHOST, port))
                 .unwrap_or_else(|e| panic!("port {port} was not free: {e}"));
+            listeners.push(l);
         }
     }
 }

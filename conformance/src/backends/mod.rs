@@ -11,6 +11,7 @@ use lock_core::{Guarantees, LockBackend, MemoryBackend};
 use crate::fixture::Fixture;
 
 mod memory;
+mod sql;
 
 /// A backend the suite runs: a label for test names and a setup that starts
 /// what it needs. Setup runs lazily, once, on the first case selected.
@@ -26,9 +27,14 @@ pub struct Registration {
 
 /// Every backend in the suite.
 pub fn registered() -> Vec<Registration> {
-    vec![Registration {
-        label: "memory",
-        guarantees: || MemoryBackend::new().guarantees(),
-        setup: memory::setup,
-    }]
+    vec![
+        Registration {
+            label: "memory",
+            guarantees: || MemoryBackend::new().guarantees(),
+            setup: memory::setup,
+        },
+        sql::sqlite(),
+        sql::postgres(),
+        sql::mariadb(),
+    ]
 }

@@ -1,0 +1,782 @@
+//! The [`LockBackend`] over a SQL lock table.
+
+use std::fmt;
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{
+    async_trait, wait, AcquireRequest, FencingToken, Guarantees, HolderInfo, Lease, LockBackend,
+    LockError, LockName,
+};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use crate::config::SqlConfig;
+use crate::dialect::{guarantees, Dialect, Statements};
+use crate::errors::{is_conflict, ErrorContext};
+use crate::schema;
+use crate::wait::{backoff, NotifyHub};
+
+/// How many times a statement rolled back by a deadlock or serialization
+/// failure is run again at once before the error is returned (retryable).
+const CONFLICT_RETRIES: usize = 3;
+
+/// The longest a waiting acquire waits for the LISTEN connection before its
+/// first attempt.
+const LISTEN_READY_WAIT: Duration = Duration::from_secs(2);
+
+/// A lock client over a SQL database: SQLite, PostgreSQL or MySQL/MariaDB.
+///
+/// One value is one client with its own connection pool; clones share it.
+/// Build it with [`SqlBackend::connect`], which creates the lock table if
+/// needed; use it through [`lock_core::Locker`] or the [`LockBackend`] trait.
+/// Like any sqlx pool, its connections belong to the tokio runtime that
+/// opened them: make one client per runtime.
+#[derive(Clone)]
+pub struct SqlBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: SqlConfig,
+    pools: Pools,
+    sql: Statements,
+    errors: ErrorContext,
+    guarantees: Guarantees,
+    /// PostgreSQL only: the LISTEN connection that wakes waiters.
+    hub: Option<NotifyHub>,
+    /// Set once the fence table is known to exist.
+    fences_ready: OnceCell<()>,
+}
+
+pub(crate) enum Pools {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+    MySql(MySqlPool),
+}
+
+impl fmt::Debug for SqlBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlBackend")
+            .field("dialect", &self.inner.config.dialect)
+            .field("url", &self.inner.config.redacted_url())
+            .field("table", &self.inner.config.table)
+            .finish_non_exhaustive()
+    }
+}
+
+fn q(sql: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
+    AssertSqlSafe(Arc::clone(sql))
+}
+
+fn config_error(errors: &ErrorContext, e: sqlx::Error) -> LockError {
+    // Option parsing errors may quote the URL: render through the scrubber.
+    match errors.map("parsing the URL", e) {
+        LockError::Backend { source, .. } => LockError::Config(source.to_string()),
+        other => other,
+    }
+}
+
+impl SqlBackend {
+    /// Parses `url` (see [`SqlConfig`]), connects, and creates the lock table
+    /// if it does not exist.
+    ///
+    /// Errors: [`LockError::Config`] for a bad URL (before any I/O);
+    /// [`LockError::Backend`] naming `host:port` (never the password) when
+    /// the database cannot be reached or refuses the login.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future closes what was opened; a table
+    /// creation either committed or did not.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), lock_core::LockError> {
+    /// use lock_core::Locker;
+    /// let backend = backend_sql::SqlBackend::connect("sqlite:///var/lib/app/locks.db").await?;
+    /// let locker = Locker::new(backend);
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &str) -> Result<SqlBackend, LockError> {
+        Self::connect_with(SqlConfig::parse(url)?).await
+    }
+
+    /// Connects with a parsed configuration; see [`SqlBackend::connect`].
+    ///
+    /// # Cancel safety
+    /// As [`SqlBackend::connect`].
+    pub async fn connect_with(config: SqlConfig) -> Result<SqlBackend, LockError> {
+        let dialect = config.dialect;
+        let errors = ErrorContext {
+            dialect,
+            endpoint: config.endpoint.clone(),
+            password: config.password.clone(),
+        };
+        let sql = Statements::new(dialect, &config.table, &config.fence_table);
+        let limit = config.connect_timeout;
+        let timed_out = || errors.timed_out("connecting", limit);
+        let mut hub = None;
+        let pools = match dialect {
+            Dialect::Sqlite => {
+                let path = config.sqlite_path.clone().unwrap_or_default();
+                let options = SqliteConnectOptions::new()
+                    .filename(&path)
+                    .create_if_missing(true)
+                    // WAL: readers never block the writer; FULL: a commit
+                    // is on disk, so a version is never handed out twice
+                    // after a power loss.
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Full)
+                    .busy_timeout(config.busy_timeout);
+                let mut conn = tokio::time::timeout(limit, options.connect())
+                    .await
+                    .map_err(|_| timed_out())?
+                    .map_err(|e| errors.connect_failed(e))?;
+                let setup = schema::ensure_sqlite(
+                    &mut conn,
+                    &sql,
+                    &config.table,
+                    &sql.create_locks,
+                    Some(&sql.probe_locks),
+                    &errors,
+                )
+                .await;
+                let _ = conn.close().await;
+                setup?;
+                Pools::Sqlite(
+                    SqlitePoolOptions::new()
+                        .max_connections(config.pool_size)
+                        .acquire_timeout(config.op_timeout)
+                        // An in-process file handle cannot go stale.
+                        .test_before_acquire(false)
+                        .connect_lazy_with(options),
+                )
+            }
+            Dialect::Postgres => {
+                let options = PgConnectOptions::from_str(&config.driver_url)
+                    .map_err(|e| config_error(&errors, e))?;
+                // Connect once directly: a pool hides "connection refused"
+                // behind its own timeout.
+                let mut conn = tokio::time::timeout(limit, options.connect())
+                    .await
+                    .map_err(|_| timed_out())?
+                    .map_err(|e| errors.connect_failed(e))?;
+                let setup = schema::ensure_postgres(
+                    &mut conn,
+                    &sql,
+                    &config.table,
+                    &sql.create_locks,
+                    Some(&sql.probe_locks),
+                    &errors,
+                )
+                .await;
+                let _ = conn.close().await;
+                setup?;
+                hub = Some(NotifyHub::new(options.clone(), sql.channel.clone(), limit));
+                Pools::Postgres(
+                    PgPoolOptions::new()
+                        .max_connections(config.pool_size)
+                        .acquire_timeout(limit)
+                        .idle_timeout(Some(Duration::from_secs(60)))
+                        .connect_lazy_with(options),
+                )
+            }
+            Dialect::MySql => {
+                let options = MySqlConnectOptions::from_str(&config.driver_url)
+                    .map_err(|e| config_error(&errors, e))?;
+                let mut conn = tokio::time::timeout(limit, options.connect())
+                    .await
+                    .map_err(|_| timed_out())?
+                    .map_err(|e| errors.connect_failed(e))?;
+                let setup = schema::ensure_mysql(
+                    &mut conn,
+                    &sql,
+                    &config.table,
+                    &sql.create_locks,
+                    Some(&sql.probe_locks),
+                    &errors,
+                )
+                .await;
+                let _ = conn.close().await;
+                setup?;
+                Pools::MySql(
+                    MySqlPoolOptions::new()
+                        .max_connections(config.pool_size)
+                        .acquire_timeout(limit)
+                        .idle_timeout(Some(Duration::from_secs(60)))
+                        .connect_lazy_with(options),
+                )
+            }
+        };
+        tracing::debug!(
+            backend = dialect.backend_name(),
+            endpoint = %config.endpoint,
+            table = %config.table,
+            "polylock sql: connected"
+        );
+        Ok(SqlBackend {
+            inner: Arc::new(Inner {
+                guarantees: guarantees(dialect),
+                config,
+                pools,
+                sql,
+                errors,
+                hub,
+                fences_ready: OnceCell::new(),
+            }),
+        })
+    }
+
+    /// The database kind.
+    pub fn dialect(&self) -> Dialect {
+        self.inner.config.dialect
+    }
+
+    /// The configuration this client was built with.
+    pub fn config(&self) -> &SqlConfig {
+        &self.inner.config
+    }
+
+    /// Closes the pool: in-flight operations finish, new ones fail.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the pool is closed either way; connections still in use
+    /// close when returned.
+    pub async fn close(&self) {
+        match &self.inner.pools {
+            Pools::Sqlite(p) => p.close().await,
+            Pools::Postgres(p) => p.close().await,
+            Pools::MySql(p) => p.close().await,
+        }
+    }
+
+    pub(crate) fn pools(&self) -> &Pools {
+        &self.inner.pools
+    }
+
+    pub(crate) fn statements(&self) -> &Statements {
+        &self.inner.sql
+    }
+
+    pub(crate) fn errors(&self) -> &ErrorContext {
+        &self.inner.errors
+    }
+
+    /// Creates the fence table once per client.
+    pub(crate) async fn ensure_fence_table(&self) -> Result<(), LockError> {
+        self.inner
+            .fences_ready
+            .get_or_try_init(|| async {
+                let sql = &self.inner.sql;
+                let table = &self.inner.config.fence_table;
+                let errors = &self.inner.errors;
+                let setup = async {
+                    match &self.inner.pools {
+                        Pools::Sqlite(p) => {
+                            let mut c =
+                                p.acquire().await.map_err(|e| errors.map("connecting", e))?;
+                            schema::ensure_sqlite(
+                                &mut c,
+                                sql,
+                                table,
+                                &sql.create_fences,
+                                None,
+                                errors,
+                            )
+                            .await
+                        }
+                        Pools::Postgres(p) => {
+                            let mut c =
+                                p.acquire().await.map_err(|e| errors.map("connecting", e))?;
+                            schema::ensure_postgres(
+                                &mut c,
+                                sql,
+                                table,
+                                &sql.create_fences,
+                                None,
+                                errors,
+                            )
+                            .await
+                        }
+                        Pools::MySql(p) => {
+                            let mut c =
+                                p.acquire().await.map_err(|e| errors.map("connecting", e))?;
+                            schema::ensure_mysql(
+                                &mut c,
+                                sql,
+                                table,
+                                &sql.create_fences,
+                                None,
+                                errors,
+                            )
+                            .await
+                        }
+                    }
+                };
+                tokio::time::timeout(self.inner.config.op_timeout, setup)
+                    .await
+                    .map_err(|_| {
+                        errors.timed_out("creating the fence table", self.inner.config.op_timeout)
+                    })?
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Runs one database operation with the operation timeout, running it
+    /// again (at once, a few times) when a deadlock or serialization failure
+    /// rolled it back.
+    pub(crate) async fn run<T, F, Fut>(&self, op: &str, mut f: F) -> Result<T, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        let limit = self.inner.config.op_timeout;
+        let dialect = self.inner.config.dialect;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match tokio::time::timeout(limit, f()).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if attempt < CONFLICT_RETRIES && is_conflict(dialect, &e) => {
+                    tracing::debug!(op, error = %e, "polylock sql: conflict, running again");
+                    tokio::task::yield_now().await;
+                }
+                Ok(Err(e)) => return Err(self.inner.errors.map(op, e)),
+                Err(_) => return Err(self.inner.errors.timed_out(op, limit)),
+            }
+        }
+    }
+
+    fn granted_ttl(&self, ttl: Duration) -> (Duration, i64) {
+        let granted = self.inner.guarantees.effective_ttl(ttl);
+        (granted, self.inner.config.dialect.ttl_units(granted))
+    }
+
+    fn fence(&self, op: &str, version: u64) -> Result<FencingToken, LockError> {
+        FencingToken::new(version).ok_or_else(|| {
+            self.inner.errors.protocol(
+                op,
+                "the lock row has version 0; was the table edited by hand?".into(),
+            )
+        })
+    }
+
+    /// Whether someone holds `name` right now (by the database clock).
+    async fn is_live(&self, name: &LockName) -> Result<bool, LockError> {
+        let sql = &self.inner.sql.is_live;
+        let name = name.as_str();
+        self.run("release", || async move {
+            Ok(match &self.inner.pools {
+                Pools::Postgres(p) => sqlx::query_scalar::<_, bool>(q(sql))
+                    .bind(name)
+                    .fetch_optional(p)
+                    .await?
+                    .unwrap_or(false),
+                Pools::Sqlite(p) => sqlx::query_scalar::<_, i64>(q(sql))
+                    .bind(name)
+                    .fetch_optional(p)
+                    .await?
+                    .is_some_and(|v| v != 0),
+                Pools::MySql(p) => sqlx::query_scalar::<_, i64>(q(sql))
+                    .bind(name.as_bytes())
+                    .fetch_optional(p)
+                    .await?
+                    .is_some_and(|v| v != 0),
+            })
+        })
+        .await
+    }
+
+    fn lost(lease: &Lease) -> LockError {
+        LockError::Lost {
+            name: lease.name().to_string(),
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for SqlBackend {
+    /// One conditional upsert; see the crate docs for the statement.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: if dropped after the statement was sent, the row may
+    /// have been taken with nobody holding the lease; it expires at its TTL.
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        // Measured before the statement leaves, so the local deadline is
+        // never later than the database's expiry.
+        let sent_at = Instant::now();
+        let (granted, units) = self.granted_ttl(req.ttl);
+        let owner = req.owner.to_string();
+        let (name, owner, sql) = (req.name.as_str(), owner.as_str(), &self.inner.sql.acquire);
+        let won: Option<u64> = match &self.inner.pools {
+            Pools::Postgres(p) => self
+                .run("acquire", || async move {
+                    sqlx::query_scalar::<_, i64>(q(sql))
+                        .bind(name)
+                        .bind(owner)
+                        .bind(units)
+                        .fetch_optional(p)
+                        .await
+                })
+                .await?
+                .map(|v| u64::try_from(v).unwrap_or(0)),
+            Pools::Sqlite(p) => self
+                .run("acquire", || async move {
+                    sqlx::query_scalar::<_, i64>(q(sql))
+                        .bind(name)
+                        .bind(owner)
+                        .bind(units)
+                        .fetch_optional(p)
+                        .await
+                })
+                .await?
+                .map(|v| u64::try_from(v).unwrap_or(0)),
+            Pools::MySql(p) => {
+                let done = self
+                    .run("acquire", || async move {
+                        sqlx::query(q(sql))
+                            .bind(name.as_bytes())
+                            .bind(owner.as_bytes())
+                            .bind(units)
+                            .execute(p)
+                            .await
+                    })
+                    .await?;
+                // LAST_INSERT_ID(expr) carries the outcome (see dialect.rs).
+                // Cross-check it with the affected-row count (with
+                // CLIENT_FOUND_ROWS: 1 inserted, 2 updated, 1 unchanged).
+                match (done.last_insert_id(), done.rows_affected()) {
+                    (0, 1) => None,
+                    (1, 1) => Some(1),
+                    (v, 2) if v > 0 => Some(v),
+                    (v, n) => {
+                        return Err(self.inner.errors.protocol(
+                            "acquire",
+                            format!("unexpected outcome: version {v}, {n} rows affected"),
+                        ))
+                    }
+                }
+            }
+        };
+        match won {
+            Some(version) => {
+                let fence = self.fence("acquire", version)?;
+                Ok(Some(req.lease(fence, granted, sent_at)))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// PostgreSQL: woken by LISTEN/NOTIFY, with backoff as the fallback.
+    /// MySQL and SQLite: jittered exponential backoff up to `max_poll`.
+    ///
+    /// # Cancel safety
+    /// Dropping the future while it waits leaves nothing behind (the
+    /// waiter's only state is a broadcast receiver); dropping it during an
+    /// attempt is like dropping [`try_acquire`](LockBackend::try_acquire).
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        let backoff = backoff(self.inner.config.max_poll);
+        match &self.inner.hub {
+            None => wait::poll_acquire(self, req, backoff).await,
+            Some(hub) => {
+                // Listening before the first attempt means no release is
+                // missed; if LISTEN is slow to come up, the backoff timer
+                // covers the gap, so do not wait long for it.
+                hub.ensure_listening(req.wait.min(LISTEN_READY_WAIT)).await;
+                let name: Arc<str> = Arc::from(req.name.as_str());
+                wait::acquire_loop(self, req, backoff, || hub.arm(&name)).await
+            }
+        }
+    }
+
+    /// Extends a live row whose owner and version match.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the row was extended or not; the old deadline holds.
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let sent_at = Instant::now();
+        let (granted, units) = self.granted_ttl(lease.ttl());
+        let owner = lease.owner().to_string();
+        let version = lease.fence().get();
+        let (name, owner, sql) = (lease.name().as_str(), owner.as_str(), &self.inner.sql.renew);
+        let rows = self
+            .run("renew", || async move {
+                Ok(match &self.inner.pools {
+                    Pools::Postgres(p) => sqlx::query(q(sql))
+                        .bind(name)
+                        .bind(owner)
+                        .bind(version as i64)
+                        .bind(units)
+                        .execute(p)
+                        .await?
+                        .rows_affected(),
+                    Pools::Sqlite(p) => sqlx::query(q(sql))
+                        .bind(name)
+                        .bind(owner)
+                        .bind(version as i64)
+                        .bind(units)
+                        .execute(p)
+                        .await?
+                        .rows_affected(),
+                    Pools::MySql(p) => sqlx::query(q(sql))
+                        .bind(units)
+                        .bind(name.as_bytes())
+                        .bind(owner.as_bytes())
+                        .bind(version)
+                        .execute(p)
+                        .await?
+                        .rows_affected(),
+                })
+            })
+            .await?;
+        if rows == 1 {
+            Ok(lease.renewed(granted, sent_at))
+        } else {
+            Err(Self::lost(lease))
+        }
+    }
+
+    /// Frees the row if owner and version match (PostgreSQL: and notifies
+    /// waiters in the same statement). Otherwise `Ok` if nobody holds it,
+    /// `Err(Lost)` if someone else does.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the row was freed or not; it expires at its TTL.
+    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        let owner = lease.owner().to_string();
+        let version = lease.fence().get();
+        let channel = self.inner.sql.channel.as_str();
+        let (name, owner, sql) = (
+            lease.name().as_str(),
+            owner.as_str(),
+            &self.inner.sql.release,
+        );
+        let freed = self
+            .run("release", || async move {
+                Ok(match &self.inner.pools {
+                    Pools::Postgres(p) => sqlx::query(q(sql))
+                        .bind(name)
+                        .bind(owner)
+                        .bind(version as i64)
+                        .bind(channel)
+                        .fetch_all(p)
+                        .await?
+                        .len() as u64,
+                    Pools::Sqlite(p) => sqlx::query(q(sql))
+                        .bind(name)
+                        .bind(owner)
+                        .bind(version as i64)
+                        .execute(p)
+                        .await?
+                        .rows_affected(),
+                    Pools::MySql(p) => sqlx::query(q(sql))
+                        .bind(name.as_bytes())
+                        .bind(owner.as_bytes())
+                        .bind(version)
+                        .execute(p)
+                        .await?
+                        .rows_affected(),
+                })
+            })
+            .await?;
+        if freed > 0 || !self.is_live(lease.name()).await? {
+            Ok(())
+        } else {
+            Err(Self::lost(lease))
+        }
+    }
+
+    /// Reads the row; the time left is computed by the database.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
+        let dialect = self.inner.config.dialect;
+        let (name, sql) = (name.as_str(), &self.inner.sql.inspect);
+        let row: Option<(String, u64, i64)> = self
+            .run("inspect", || async move {
+                Ok(match &self.inner.pools {
+                    Pools::Postgres(p) => sqlx::query_as::<_, (Option<String>, i64, i64)>(q(sql))
+                        .bind(name)
+                        .fetch_optional(p)
+                        .await?
+                        .map(|(o, v, l)| (o.unwrap_or_default(), v.max(0) as u64, l)),
+                    Pools::Sqlite(p) => sqlx::query_as::<_, (Option<String>, i64, i64)>(q(sql))
+                        .bind(name)
+                        .fetch_optional(p)
+                        .await?
+                        .map(|(o, v, l)| (o.unwrap_or_default(), v.max(0) as u64, l)),
+                    Pools::MySql(p) => sqlx::query_as::<_, (Option<Vec<u8>>, u64, i64)>(q(sql))
+                        .bind(name.as_bytes())
+                        .fetch_optional(p)
+                        .await?
+                        .map(|(o, v, l)| {
+                            (
+                                String::from_utf8_lossy(&o.unwrap_or_default()).into_owned(),
+                                v,
+                                l,
+                            )
+                        }),
+                })
+            })
+            .await?;
+        match row {
+            None => Ok(None),
+            Some((owner, version, left)) => Ok(Some(HolderInfo::new(
+                owner,
+                Some(self.fence("inspect", version)?),
+                Some(dialect.units_to_duration(left)),
+            ))),
+        }
+    }
+
+    /// Frees a live row whoever holds it; the version is left alone, so the
+    /// next holder still gets a higher fencing token.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the row was freed or not.
+    async fn force_release(&self, name: &LockName) -> Result<bool, LockError> {
+        let channel = self.inner.sql.channel.as_str();
+        let (name, sql) = (name.as_str(), &self.inner.sql.force_release);
+        let freed = self
+            .run("force_release", || async move {
+                Ok(match &self.inner.pools {
+                    Pools::Postgres(p) => sqlx::query(q(sql))
+                        .bind(name)
+                        .bind(channel)
+                        .fetch_all(p)
+                        .await?
+                        .len() as u64,
+                    Pools::Sqlite(p) => sqlx::query(q(sql))
+                        .bind(name)
+                        .execute(p)
+                        .await?
+                        .rows_affected(),
+                    Pools::MySql(p) => sqlx::query(q(sql))
+                        .bind(name.as_bytes())
+                        .execute(p)
+                        .await?
+                        .rows_affected(),
+                })
+            })
+            .await?;
+        Ok(freed > 0)
+    }
+
+    fn guarantees(&self) -> Guarantees {
+        self.inner.guarantees.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lock_core::OwnerToken;
+
+    fn request(name: &str) -> AcquireRequest {
+        AcquireRequest::new(
+            LockName::new(name).unwrap(),
+            OwnerToken::random(),
+            Duration::from_secs(30),
+            Duration::ZERO,
+        )
+        .unwrap()
+    }
+
+    /// The release statement's pg_notify reaches a waiter armed on the
+    /// same name, and only that one: the wake-up is NOTIFY, not a timer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_release_wakes_armed_waiter_of_that_name_only() {
+        let server = tokio::task::spawn_blocking(testkit::PostgresServer::start)
+            .await
+            .unwrap()
+            .expect("start PostgreSQL");
+        let waiter = SqlBackend::connect(&server.url()).await.unwrap();
+        let holder = SqlBackend::connect(&server.url()).await.unwrap();
+        let hub = waiter.inner.hub.as_ref().expect("PostgreSQL has a hub");
+        hub.ensure_listening(Duration::from_secs(10)).await;
+        assert!(hub.is_listening());
+
+        let lease = holder.try_acquire(&request("job")).await.unwrap().unwrap();
+        let other = hub.arm(&Arc::from("other-job"));
+        let mine = hub.arm(&Arc::from("job"));
+        holder.release(&lease).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(2), mine)
+            .await
+            .expect("the release's NOTIFY woke the waiter");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), other)
+                .await
+                .is_err(),
+            "a waiter on another name was woken"
+        );
+
+        // force_release notifies too.
+        let lease = holder.try_acquire(&request("job")).await.unwrap().unwrap();
+        let mine = hub.arm(&Arc::from("job"));
+        assert!(holder.force_release(lease.name()).await.unwrap());
+        tokio::time::timeout(Duration::from_secs(2), mine)
+            .await
+            .expect("force_release's NOTIFY woke the waiter");
+    }
+
+    /// After the database restarts, the listener reconnects and LISTENs
+    /// again, so releases wake waiters as before.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_listener_comes_back_after_a_restart() {
+        let server = Arc::new(
+            tokio::task::spawn_blocking(testkit::PostgresServer::start)
+                .await
+                .unwrap()
+                .expect("start PostgreSQL"),
+        );
+        let waiter = SqlBackend::connect(&server.url()).await.unwrap();
+        let holder = SqlBackend::connect(&server.url()).await.unwrap();
+        let hub = waiter.inner.hub.as_ref().unwrap();
+        hub.ensure_listening(Duration::from_secs(10)).await;
+        assert!(hub.is_listening());
+        // A waiter armed before the outage is woken when the listener is
+        // back (it may have missed a release meanwhile).
+        let armed_before = hub.arm(&Arc::from("job"));
+        let s = Arc::clone(&server);
+        tokio::task::spawn_blocking(move || s.restart().expect("restart"))
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), armed_before)
+            .await
+            .expect("woken when the listener reconnected");
+        let started = Instant::now();
+        while !hub.is_listening() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "not listening again"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let lease = loop {
+            // The holder's pool reconnects on its own; the first attempts
+            // may see the restart.
+            match holder.try_acquire(&request("job")).await {
+                Ok(Some(l)) => break l,
+                Ok(None) => panic!("nobody holds it"),
+                Err(e) if e.is_retryable() && started.elapsed() < Duration::from_secs(10) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        let mine = hub.arm(&Arc::from("job"));
+        holder.release(&lease).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(2), mine)
+            .await
+            .expect("NOTIFY after the restart woke the waiter");
+    }
+}

@@ -1,0 +1,251 @@
+//! The `polylock` command end to end, spawned as a process, on the embedded
+//! SQLite default.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+fn polylock(dir: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_polylock"));
+    c.current_dir(dir).env_remove("POLYLOCK_URL");
+    c
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn run_ok(cmd: &mut Command) -> Output {
+    cmd.output().expect("spawn polylock")
+}
+
+/// Waits until `status NAME` reports the lock held.
+fn wait_held(dir: &Path, name: &str) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(20) {
+        let out = run_ok(polylock(dir).args(["status", name]));
+        if out.status.code() == Some(0) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{name} never became held");
+}
+
+#[test]
+fn runs_the_command_with_the_fence_and_passes_its_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    for expected_fence in 1..=2 {
+        let out = run_ok(polylock(dir.path()).args([
+            "run",
+            "job",
+            "--",
+            "sh",
+            "-c",
+            "echo fence=$POLYLOCK_FENCE name=$POLYLOCK_NAME; exit 7",
+        ]));
+        assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stdout).trim(),
+            format!("fence={expected_fence} name=job")
+        );
+    }
+    // With nothing configured, the lock file is created in the current directory.
+    assert!(dir.path().join("polylock.db").exists());
+    // Released after the command: status says free (exit 1).
+    let out = run_ok(polylock(dir.path()).args(["status", "job"]));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stdout).contains("job: free"));
+}
+
+#[test]
+fn a_held_lock_makes_run_exit_75_without_running_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut holder = polylock(dir.path())
+        .args(["run", "busy", "--", "sleep", "3"])
+        .spawn()
+        .unwrap();
+    wait_held(dir.path(), "busy");
+    let status = run_ok(polylock(dir.path()).args(["status", "busy"]));
+    let shown = text(&status.stdout);
+    assert!(
+        shown.contains("held by") && shown.contains("fencing token: 1"),
+        "{shown}"
+    );
+    let started = Instant::now();
+    let out =
+        run_ok(polylock(dir.path()).args(["run", "--wait", "300ms", "busy", "--", "touch", "ran"]));
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(
+        text(&out.stderr).contains("not taken within 300ms"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        !dir.path().join("ran").exists(),
+        "the command ran without the lock"
+    );
+    assert!(holder.wait().unwrap().success());
+}
+
+#[test]
+fn concurrent_runs_on_one_name_never_overlap() {
+    let dir = tempfile::tempdir().unwrap();
+    // Each run checks for a marker, creates it, works, removes it, and logs
+    // its fencing token.
+    let script = "if [ -e inside ]; then echo OVERLAP; fi; touch inside; sleep 0.2; \
+                  rm inside; echo $POLYLOCK_FENCE >> fences";
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            polylock(dir.path())
+                .args(["run", "--wait", "60s", "shared", "--", "sh", "-c", script])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(
+            !text(&out.stdout).contains("OVERLAP"),
+            "two commands ran at once"
+        );
+    }
+    let fences = std::fs::read_to_string(dir.path().join("fences")).unwrap();
+    let fences: Vec<u64> = fences.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(fences.len(), 4);
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences not increasing: {fences:?}"
+    );
+}
+
+#[test]
+fn losing_the_lock_terminates_the_command_and_exits_76() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = polylock(dir.path())
+        .args([
+            "run",
+            "--ttl",
+            "1s",
+            "--grace",
+            "300ms",
+            "doomed",
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > pid; trap '' TERM; while true; do sleep 0.1; done",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_held(dir.path(), "doomed");
+    // The operator's escape hatch removes the lock behind the holder's back.
+    let out = run_ok(polylock(dir.path()).args(["release", "doomed"]));
+    assert_eq!(out.status.code(), Some(64), "--force is required");
+    let out = run_ok(polylock(dir.path()).args(["release", "doomed", "--force"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let started = Instant::now();
+    let status = run.wait().unwrap();
+    assert_eq!(status.code(), Some(76));
+    // Lost at the next renewal (ttl/3), then TERM ignored, KILL after grace.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let pid: i32 = std::fs::read_to_string(dir.path().join("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        kill(Pid::from_raw(pid), None).is_err(),
+        "the command survived the lost lock"
+    );
+    let mut err = String::new();
+    std::io::Read::read_to_string(run.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(err.contains("was lost"), "{err}");
+}
+
+#[test]
+fn sigterm_is_forwarded_and_the_lock_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = polylock(dir.path())
+        .args([
+            "run",
+            "polite",
+            "--",
+            "sh",
+            "-c",
+            "trap 'exit 42' TERM; touch started; while true; do sleep 0.1; done",
+        ])
+        .spawn()
+        .unwrap();
+    wait_held(dir.path(), "polite");
+    let start = Instant::now();
+    while !dir.path().join("started").exists() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGTERM).unwrap();
+    assert_eq!(run.wait().unwrap().code(), Some(42));
+    let out = run_ok(polylock(dir.path()).args(["status", "polite"]));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "lock still held: {}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn bad_input_is_a_usage_error_without_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_ok(polylock(dir.path()).args([
+        "--url",
+        "postgres://app:hunter2@/",
+        "run",
+        "x",
+        "--",
+        "true",
+    ]));
+    assert!(
+        matches!(out.status.code(), Some(64 | 69)),
+        "{:?}",
+        out.status
+    );
+    assert!(
+        !text(&out.stderr).contains("hunter2"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run_ok(polylock(dir.path()).args(["--url", "nosuch://h", "run", "x", "--", "true"]));
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        text(&out.stderr).contains("unknown lock URL scheme"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run_ok(polylock(dir.path()).args(["run", "--ttl", "0s", "x", "--", "true"]));
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("invalid TTL"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run_ok(polylock(dir.path()).args(["run", "x", "--", "/nonexistent/cmd"]));
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    let out = run_ok(polylock(dir.path()).args(["status", ""]));
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        text(&out.stderr).contains("invalid lock name"),
+        "{}",
+        text(&out.stderr)
+    );
+}
