@@ -26,6 +26,7 @@ checks=(
   "ip iproute2"
   "nft nftables"
   "pkill procps"
+  "openssl openssl"
 )
 
 present() {

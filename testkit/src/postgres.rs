@@ -44,6 +44,17 @@ impl PostgresServer {
     /// Runs `initdb`, starts `postgres`, waits until `pg_isready` says it
     /// accepts connections, and creates the `polylock` role and database.
     pub fn start() -> Result<PostgresServer> {
+        Self::start_inner(false)
+    }
+
+    /// Like [`start`](Self::start), with TLS on: a self-signed certificate
+    /// made by `openssl` for `localhost`/127.0.0.1. Clients may connect with
+    /// or without TLS (`sslmode=require` makes it mandatory on their side).
+    pub fn start_with_tls() -> Result<PostgresServer> {
+        Self::start_inner(true)
+    }
+
+    fn start_inner(tls: bool) -> Result<PostgresServer> {
         let bin_dirs = versioned_bin_dirs();
         let initdb = find_binary("initdb", "postgresql", &bin_dirs)?;
         let postgres = find_binary("postgres", "postgresql", &bin_dirs)?;
@@ -76,6 +87,19 @@ impl PostgresServer {
             .cwd(dir.path())
             .run_checked("initializing the PostgreSQL data directory", SETUP_TIMEOUT)?;
 
+        let mut tls_args = Vec::new();
+        if tls {
+            let (cert, key) = self_signed_cert(dir.path(), os_user)?;
+            tls_args = vec![
+                "-c".to_string(),
+                "ssl=on".to_string(),
+                "-c".to_string(),
+                format!("ssl_cert_file={}", cert.display()),
+                "-c".to_string(),
+                format!("ssl_key_file={}", key.display()),
+            ];
+        }
+
         let port = try_free_port()?;
         // fsync and full-page writes off: tests kill the process, never the
         // machine, and the page cache survives a SIGKILL. synchronous_commit
@@ -90,6 +114,7 @@ impl PostgresServer {
             .arg(format!("unix_socket_directories={}", socket_dir.display()))
             .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
             .args(["-c", "max_connections=200", "-c", "logging_collector=off"])
+            .args(&tls_args)
             .user(os_user)
             .cwd(dir.path());
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
@@ -225,4 +250,24 @@ fn make_owned_dir(path: &Path, mode: u32, owner: Option<(u32, u32)>) -> Result<(
             .map_err(|e| Error::io(format!("chown {}", path.display()), e))?;
     }
     set_mode(path, mode)
+}
+
+/// A self-signed certificate and key for `localhost`, readable only by the
+/// server's OS user (PostgreSQL refuses a key others can read).
+fn self_signed_cert(dir: &Path, os_user: Option<(u32, u32)>) -> Result<(PathBuf, PathBuf)> {
+    let openssl = find_binary("openssl", "openssl", &[])?;
+    let tls_dir = dir.join("tls");
+    make_owned_dir(&tls_dir, 0o700, os_user)?;
+    let (cert, key) = (tls_dir.join("server.crt"), tls_dir.join("server.key"));
+    CommandSpec::new(openssl)
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"])
+        .args(["-subj", "/CN=localhost"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .user(os_user)
+        .cwd(dir)
+        .run_checked("making a self-signed TLS certificate", SETUP_TIMEOUT)?;
+    Ok((cert, key))
 }

@@ -8,4 +8,5 @@ mod races;
 mod restart;
 mod schema;
 mod stale_write;
+mod tls;
 mod waiting;
