@@ -260,7 +260,9 @@ fn self_signed_cert(dir: &Path, os_user: Option<(u32, u32)>) -> Result<(PathBuf,
     make_owned_dir(&tls_dir, 0o700, os_user)?;
     let (cert, key) = (tls_dir.join("server.crt"), tls_dir.join("server.key"));
     CommandSpec::new(openssl)
-        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"])
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        ])
         .args(["-subj", "/CN=localhost"])
         .arg("-keyout")
         .arg(&key)

@@ -37,5 +37,8 @@ async fn required_tls_to_a_server_without_it_fails_clearly() {
     let msg = err.to_string();
     assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
     assert!(!msg.contains(plain.password()), "password leaked: {msg}");
-    assert!(msg.contains("127.0.0.1"), "the error names the server: {msg}");
+    assert!(
+        msg.contains("127.0.0.1"),
+        "the error names the server: {msg}"
+    );
 }
