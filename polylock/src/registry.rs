@@ -30,16 +30,25 @@ const SCHEMES: &[Scheme] = &[
     Scheme {
         scheme: "redis",
         feature: "redis",
+        #[cfg(feature = "redis")]
+        connect: Some(connect_redis),
+        #[cfg(not(feature = "redis"))]
         connect: None,
     },
     Scheme {
         scheme: "rediss",
         feature: "redis",
+        #[cfg(feature = "redis")]
+        connect: Some(connect_redis),
+        #[cfg(not(feature = "redis"))]
         connect: None,
     },
     Scheme {
         scheme: "redis+cluster",
         feature: "redis",
+        #[cfg(feature = "redis")]
+        connect: Some(connect_redis),
+        #[cfg(not(feature = "redis"))]
         connect: None,
     },
     Scheme {
@@ -98,6 +107,17 @@ const SCHEMES: &[Scheme] = &[
 fn connect_sql(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>> {
     Box::pin(async move {
         let backend = backend_sql::SqlBackend::connect(&url).await?;
+        Ok(Arc::new(backend) as Arc<dyn LockBackend>)
+    })
+}
+
+/// `redis://`, `rediss://`, `redis+cluster://`: one Redis client (a
+/// multiplexed connection, plus a pub/sub connection once something waits);
+/// the URL's query carries the options.
+#[cfg(feature = "redis")]
+fn connect_redis(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>> {
+    Box::pin(async move {
+        let backend = backend_redis::RedisBackend::connect(&url).await?;
         Ok(Arc::new(backend) as Arc<dyn LockBackend>)
     })
 }

@@ -11,6 +11,7 @@ use lock_core::{Guarantees, LockBackend, MemoryBackend};
 use crate::fixture::Fixture;
 
 mod memory;
+mod redis;
 mod sql;
 
 /// A backend the suite runs: a label for test names and a setup that starts
@@ -36,5 +37,9 @@ pub fn registered() -> Vec<Registration> {
         sql::sqlite(),
         sql::postgres(),
         sql::mariadb(),
+        redis::plain(),
+        redis::redisson(),
+        redis::cluster_plain(),
+        redis::cluster_redisson(),
     ]
 }

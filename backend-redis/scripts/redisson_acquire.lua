@@ -1,0 +1,31 @@
+-- redisson format: take (or re-enter) a Redisson-layout lock.
+--
+-- KEYS[1] the lock hash (key = the lock name)   ARGV[1] TTL in milliseconds
+-- KEYS[2] fencing counter                       ARGV[2] holder field UUID:THREAD
+--
+-- The hash maps the holder's field to its hold count and carries the
+-- expiry. A free lock is taken with count 1 and a new fencing token; the
+-- same field again adds a hold and keeps the token (same holding).
+--
+-- Returns {1, fence} when taken, {0, pttl} when someone else holds it.
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  -- Bump the counter first: if it fails nothing has been written yet.
+  local fence = redis.call('INCR', KEYS[2])
+  redis.call('HSET', KEYS[1], ARGV[2], 1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+  return {1, fence}
+end
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'hash' then
+  return redis.error_reply('WRONGTYPE the lock key holds a ' .. kind .. ', not a Redisson lock hash')
+end
+if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1 then
+  redis.call('HINCRBY', KEYS[1], ARGV[2], 1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+  local fence = redis.call('GET', KEYS[2])
+  if not fence then
+    fence = redis.call('INCR', KEYS[2])
+  end
+  return {1, tonumber(fence)}
+end
+return {0, redis.call('PTTL', KEYS[1])}

@@ -1,0 +1,486 @@
+//! [`RedisBackend`]: the [`LockBackend`] implementation.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::wait::{acquire_loop, Backoff};
+use lock_core::{
+    AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Lease,
+    LockBackend, LockError, LockName, WaitMechanism,
+};
+use tokio::time::Instant;
+
+use crate::config::{Format, RedisConfig};
+use crate::conn::{client_for, Link};
+use crate::errors::{connect_error, to_lock_error, Fail, RedisFailure, BACKEND};
+use crate::format::{all_scripts, Layout, LockKeys, FORCE_RELEASE, RELEASE_MESSAGE};
+use crate::wait::{wake_up, Subscriber};
+
+/// What can make fencing tokens go backwards on Redis.
+pub const FENCING_CAVEAT: &str = "the counter lives in the Redis data set: a restart without \
+     persistence (or with a periodic fsync that lost the last writes), or a failover to a replica \
+     that had not received the INCR, resets it or moves it back";
+
+/// Fallback polling while subscribed: messages do the waking, this only
+/// bounds the delay when one is lost (or a foreign client releases without
+/// publishing).
+const SUBSCRIBED_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(50),
+    max: Duration::from_millis(500),
+};
+
+/// What a Redis lock backend promises, whatever server it talks to.
+///
+/// - fencing: [`FencingGuarantee::UnlessDataLoss`] ([`FENCING_CAVEAT`]).
+/// - expiry by the server's clock (`PX`, `PEXPIRE`).
+/// - `survives_restart: false`: Redis acknowledges a write before it is on
+///   disk (RDB snapshots are periodic; AOF's default `appendfsync everysec`
+///   fsyncs once a second), so a restart can lose a just-acquired lock and
+///   admit a second holder. Only `appendonly yes` + `appendfsync always`
+///   closes that window; the backend cannot know how the server is run.
+/// - `survives_failover: false`: replication is asynchronous; `WAIT`
+///   (`wait_replicas=`) narrows the window but does not close it.
+/// - waiters wake on pub/sub messages; `force_release` is supported.
+pub fn guarantees() -> Guarantees {
+    let mut g = Guarantees::new(BACKEND);
+    g.fencing = FencingGuarantee::UnlessDataLoss(FENCING_CAVEAT);
+    g.fair_fifo = false;
+    g.expiry_clock = ExpiryClock::Server;
+    g.survives_restart = false;
+    g.survives_failover = false;
+    g.wait = WaitMechanism::PubSub;
+    g.min_ttl = Duration::from_millis(1);
+    g.ttl_granularity = Duration::from_millis(1);
+    g.force_release = true;
+    g
+}
+
+/// A lock client of one Redis server or Redis Cluster.
+///
+/// Holds one multiplexed command connection (reconnecting by itself) and,
+/// once something waits, one pub/sub connection shared by all waiters.
+/// Clones share both. Make it inside the tokio runtime that will use it.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), lock_core::LockError> {
+/// use lock_core::Locker;
+/// let backend = backend_redis::RedisBackend::connect("redis://127.0.0.1:6379/0").await?;
+/// let locker = Locker::new(backend);
+/// let guard = locker.lock("nightly-report").acquire().await?;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: RedisConfig,
+    layout: Layout,
+    link: Link,
+    subscriber: Subscriber,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("url", &self.inner.config.url())
+            .field("format", &self.inner.config.format())
+            .field("cluster", &self.inner.config.is_cluster())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The outcome of one attempt.
+enum Attempt {
+    Acquired(Lease),
+    /// Held by someone else; `expires_in` is the holder's remaining TTL on
+    /// the server, if it has one.
+    Held {
+        expires_in: Option<Duration>,
+    },
+}
+
+impl RedisBackend {
+    /// Parses `url` (see [`RedisConfig::from_url`]) and connects.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped connect leaves nothing behind.
+    pub async fn connect(url: &str) -> Result<RedisBackend, LockError> {
+        Self::connect_with(RedisConfig::from_url(url)?).await
+    }
+
+    /// Connects with a parsed configuration: checks that the server answers
+    /// with these credentials and database, and loads the scripts.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped connect leaves nothing behind.
+    pub async fn connect_with(config: RedisConfig) -> Result<RedisBackend, LockError> {
+        let link = Link::connect(&config)
+            .await
+            .map_err(|f| connect_error(&config, f))?;
+        link.load_scripts(&all_scripts())
+            .await
+            .map_err(|f| to_lock_error(&config, "loading the lock scripts", f))?;
+        let clients = config
+            .nodes
+            .iter()
+            .map(|n| client_for(&config, n))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| connect_error(&config, Fail::Redis(e)))?;
+        let subscriber = Subscriber::new(clients, config.timeout);
+        let layout = Layout {
+            format: config.format,
+            prefix: config.prefix.clone(),
+            cluster: config.cluster,
+        };
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                config,
+                layout,
+                link,
+                subscriber,
+            }),
+        })
+    }
+
+    /// The configuration this client was made with.
+    pub fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    /// Where the lock `name` lives: its key, fencing counter and release
+    /// channel, for interoperating clients and operators. Fails only for a
+    /// name the format cannot store (a name with braces, in the `redisson`
+    /// format, on a cluster).
+    pub fn keys(&self, name: &LockName) -> Result<LockKeys, LockError> {
+        self.inner.layout.keys(name)
+    }
+
+    fn err(&self, what: &str, name: &LockName, fail: Fail) -> LockError {
+        to_lock_error(
+            &self.inner.config,
+            &format!("{what} of lock {name:?}"),
+            fail,
+        )
+    }
+
+    /// One acquire attempt, keeping what a waiter needs to know.
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt, LockError> {
+        let keys = self.keys(&req.name)?;
+        let ttl_ms = ttl_millis(req.ttl);
+        let scripts = self.inner.layout.scripts();
+        let holder = self.inner.layout.holder(req.owner);
+        let mut inv = scripts.acquire.prepare_invoke();
+        inv.key(&keys.lock).key(&keys.fence);
+        match self.inner.layout.format {
+            Format::Plain => inv.arg(&holder).arg(ttl_ms),
+            Format::Redisson => inv.arg(ttl_ms).arg(&holder),
+        };
+        // Measured before sending: the deadline can only come early.
+        let sent_at = Instant::now();
+        let (taken, n): (i64, i64) = self
+            .inner
+            .link
+            .invoke(&inv)
+            .await
+            .map_err(|f| self.err("acquire", &req.name, f))?;
+        if taken != 1 {
+            let expires_in = u64::try_from(n).ok().map(Duration::from_millis);
+            return Ok(Attempt::Held { expires_in });
+        }
+        let fence = u64::try_from(n)
+            .ok()
+            .and_then(FencingToken::new)
+            .ok_or_else(|| {
+                LockError::permanent(
+                    BACKEND,
+                    RedisFailure(format!(
+                        "acquire of lock {:?}: the fencing counter {} returned {n}",
+                        req.name, keys.fence
+                    )),
+                )
+            })?;
+        let lease = req.lease(fence, Duration::from_millis(ttl_ms), sent_at);
+        if let Some(replicas) = self.inner.config.wait_replicas {
+            self.await_replicas(&keys, &lease, replicas).await?;
+        }
+        Ok(Attempt::Acquired(lease))
+    }
+
+    /// `WAIT` for the replicas; an acquire they did not all acknowledge is
+    /// undone, since it could vanish in a failover.
+    async fn await_replicas(
+        &self,
+        keys: &LockKeys,
+        lease: &Lease,
+        replicas: u32,
+    ) -> Result<(), LockError> {
+        let wait = self.inner.config.wait_timeout;
+        let acked = self
+            .inner
+            .link
+            .wait_replicas(&keys.lock, replicas, wait)
+            .await;
+        let problem = match acked {
+            Ok(n) if n >= replicas => return Ok(()),
+            Ok(n) => format!(
+                "acquire of lock {:?}: only {n} of {replicas} replicas acknowledged it within {wait:?}; \
+                 the lock was released again",
+                lease.name()
+            ),
+            Err(f) => to_lock_error(&self.inner.config, "WAIT for replicas", f).to_string(),
+        };
+        if let Err(e) = self.release(lease).await {
+            tracing::debug!(error = %e, "polylock redis: undoing an unreplicated acquire failed; it expires at its TTL");
+        }
+        Err(LockError::transient(BACKEND, RedisFailure(problem)))
+    }
+}
+
+/// A TTL in whole milliseconds, rounded up (`PX` takes milliseconds; a
+/// lease is never shorter than asked).
+fn ttl_millis(ttl: Duration) -> u64 {
+    let ms = ttl.as_nanos().div_ceil(1_000_000);
+    u64::try_from(ms).unwrap_or(u64::MAX).max(1)
+}
+
+/// `acquire_loop` drives a backend's `try_acquire`; this one also records
+/// when the current holder's lease ends, for the wake-up to sleep no longer
+/// than that.
+#[derive(Debug)]
+struct Attempts {
+    backend: RedisBackend,
+    expiry: Arc<Mutex<Option<Instant>>>,
+}
+
+#[async_trait]
+impl LockBackend for Attempts {
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        let attempt = self.backend.attempt(req).await;
+        let expiry = match &attempt {
+            // +1 ms: the server expires strictly after the TTL.
+            Ok(Attempt::Held {
+                expires_in: Some(d),
+            }) => Instant::now().checked_add(*d + Duration::from_millis(1)),
+            _ => None,
+        };
+        *self.expiry.lock().unwrap_or_else(|p| p.into_inner()) = expiry;
+        attempt.map(|a| match a {
+            Attempt::Acquired(lease) => Some(lease),
+            Attempt::Held { .. } => None,
+        })
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.backend.renew(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        self.backend.release(lease).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
+        self.backend.inspect(name).await
+    }
+    fn guarantees(&self) -> Guarantees {
+        self.backend.guarantees()
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedisBackend {
+    /// One script run: `SET NX PX` + `INCR` (plain) or the Redisson hash
+    /// update + `INCR`, then `WAIT` if replicas were asked for.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: if dropped after the script was sent, the lock may
+    /// be taken on the server with nobody holding the lease; it then stays
+    /// taken until its TTL runs out.
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        Ok(match self.attempt(req).await? {
+            Attempt::Acquired(lease) => Some(lease),
+            Attempt::Held { .. } => None,
+        })
+    }
+
+    /// Tries once; if the lock is held, subscribes to its release channel
+    /// and retries on every release message, on the holder's expiry, and on
+    /// a bounded fallback poll, until `req.wait` runs out.
+    ///
+    /// # Cancel safety
+    /// Dropping the future while it waits leaves nothing behind: its
+    /// subscription is given up (and the channel unsubscribed once no
+    /// waiter of this client needs it). Dropping it during an attempt is
+    /// like dropping [`try_acquire`](LockBackend::try_acquire).
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        let started = Instant::now();
+        let deadline = req.wait_deadline();
+        let expiry = Arc::new(Mutex::new(None));
+        let attempts = Attempts {
+            backend: self.clone(),
+            expiry: Arc::clone(&expiry),
+        };
+        // An uncontended lock costs one round trip and no subscription.
+        match attempts.try_acquire(req).await {
+            Ok(Some(lease)) => return Ok(Some(lease)),
+            Ok(None) if req.wait.is_zero() => return Ok(None),
+            Err(e) if !e.is_retryable() || req.wait.is_zero() => return Err(e),
+            _ => {}
+        }
+        let keys = self.keys(&req.name)?;
+        let limit = deadline.min(Instant::now() + self.inner.config.timeout);
+        let (sub, subscribed) = self.inner.subscriber.subscribe(&keys.channel, limit).await;
+        // The subscription is live from here on, so the loop's first attempt
+        // (made now) cannot miss a release that came after the one above.
+        let mut rest = req.clone();
+        rest.wait = req.wait.saturating_sub(started.elapsed());
+        let backoff = if subscribed {
+            SUBSCRIBED_BACKOFF
+        } else {
+            tracing::debug!(name = %req.name, "polylock redis: no pub/sub; waiting by polling");
+            Backoff::default()
+        };
+        acquire_loop(&attempts, &rest, backoff, || wake_up(&sub, &expiry)).await
+    }
+
+    /// Compare-owner-and-`PEXPIRE`, by script.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped renew either extended the lease or did not;
+    /// the old lease's deadline stays valid either way.
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let keys = self.keys(lease.name())?;
+        let ttl_ms = ttl_millis(lease.ttl());
+        let holder = self.inner.layout.holder(lease.owner());
+        let mut inv = self.inner.layout.scripts().renew.prepare_invoke();
+        inv.key(&keys.lock)
+            .key(&keys.fence)
+            .arg(&holder)
+            .arg(lease.fence().get())
+            .arg(ttl_ms);
+        let sent_at = Instant::now();
+        let r: i64 = self
+            .inner
+            .link
+            .invoke(&inv)
+            .await
+            .map_err(|f| self.err("renew", lease.name(), f))?;
+        if r == 1 {
+            Ok(lease.renewed(Duration::from_millis(ttl_ms), sent_at))
+        } else {
+            Err(LockError::Lost {
+                name: lease.name().to_string(),
+            })
+        }
+    }
+
+    /// Compare-owner-and-delete, by script, publishing the release to
+    /// waiters. In the `redisson` format this drops one hold; the hash goes
+    /// (and the message is published) with the last.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped release either happened or did not; the lock
+    /// then expires at its TTL.
+    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        let keys = self.keys(lease.name())?;
+        let holder = self.inner.layout.holder(lease.owner());
+        let mut inv = self.inner.layout.scripts().release.prepare_invoke();
+        inv.key(&keys.lock)
+            .key(&keys.fence)
+            .arg(&holder)
+            .arg(lease.fence().get());
+        if self.inner.layout.format == Format::Redisson {
+            inv.arg(ttl_millis(lease.ttl()));
+        }
+        inv.arg(&keys.channel);
+        let r: i64 = self
+            .inner
+            .link
+            .invoke(&inv)
+            .await
+            .map_err(|f| self.err("release", lease.name(), f))?;
+        if r >= 0 {
+            Ok(())
+        } else {
+            Err(LockError::Lost {
+                name: lease.name().to_string(),
+            })
+        }
+    }
+
+    /// One script reads the holder, its remaining TTL and the fencing
+    /// counter together. The fencing token is shown when the holder looks
+    /// like a polylock holder: it is then the last token issued for the
+    /// name, which is the holder's own.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
+        let keys = self.keys(name)?;
+        let mut inv = self.inner.layout.scripts().inspect.prepare_invoke();
+        inv.key(&keys.lock).key(&keys.fence);
+        let (holder, pttl, fence): (redis::Value, i64, Option<u64>) = self
+            .inner
+            .link
+            .invoke(&inv)
+            .await
+            .map_err(|f| self.err("inspect", name, f))?;
+        let holder = match self.inner.layout.format {
+            Format::Plain => match holder {
+                redis::Value::BulkString(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+                _ => None,
+            },
+            Format::Redisson => {
+                let pairs: Vec<String> = redis::from_redis_value(holder)
+                    .map_err(|e| self.err("inspect", name, Fail::Redis(e.into())))?;
+                // field, count, field, count, ...: a Redisson lock has one
+                // field; show them all if someone wrote more.
+                let fields: Vec<_> = pairs.chunks(2).map(|p| p[0].clone()).collect();
+                (!fields.is_empty()).then(|| fields.join(","))
+            }
+        };
+        Ok(holder.map(|owner| {
+            let fence = fence
+                .filter(|_| self.inner.layout.looks_like_ours(&owner))
+                .and_then(FencingToken::new);
+            let expires_in = u64::try_from(pttl).ok().map(Duration::from_millis);
+            HolderInfo::new(owner, fence, expires_in)
+        }))
+    }
+
+    /// Deletes the lock key whoever holds it and publishes the release
+    /// message; the fencing counter is kept.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the lock is either removed or not.
+    async fn force_release(&self, name: &LockName) -> Result<bool, LockError> {
+        let keys = self.keys(name)?;
+        let mut inv = FORCE_RELEASE.prepare_invoke();
+        inv.key(&keys.lock).arg(&keys.channel).arg(RELEASE_MESSAGE);
+        let r: i64 = self
+            .inner
+            .link
+            .invoke(&inv)
+            .await
+            .map_err(|f| self.err("force_release", name, f))?;
+        Ok(r == 1)
+    }
+
+    fn guarantees(&self) -> Guarantees {
+        guarantees()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_rounds_up_to_milliseconds() {
+        assert_eq!(ttl_millis(Duration::from_micros(1)), 1);
+        assert_eq!(ttl_millis(Duration::from_micros(1500)), 2);
+        assert_eq!(ttl_millis(Duration::from_secs(3)), 3000);
+        assert_eq!(ttl_millis(lock_core::MAX_TTL), 365 * 24 * 3600 * 1000);
+    }
+}

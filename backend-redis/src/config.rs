@@ -1,0 +1,490 @@
+//! The one place a Redis lock URL is parsed.
+//!
+//! ```text
+//! redis://[user][:password@]host[:port][/db][?options]
+//! rediss://[user][:password@]host[:port][/db][?options]        (TLS)
+//! redis+cluster://[user][:password@]host:port,host:port,...[?options]
+//! ```
+//!
+//! Options (query parameters):
+//! - `format=plain|redisson`: the wire format (see [`Format`]); default `plain`.
+//! - `prefix=TEXT`: prepended to every key and channel of the `plain` format;
+//!   default `polylock:`. No braces (they would change Redis Cluster hash
+//!   tags). Not allowed with `format=redisson`, whose keys are the lock name.
+//! - `wait_replicas=N&wait_timeout=MS`: after each acquire, `WAIT N MS`; an
+//!   acquire that fewer than N replicas acknowledged in time is undone and
+//!   reported as a retryable error. Off by default.
+//! - `timeout=MS`: how long one command may go unanswered before the
+//!   connection is considered dead and replaced; default 2000.
+//! - `tls_ca=PATH` (`rediss://` only): a PEM file of the CA certificates to
+//!   trust instead of the system's.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lock_core::{redact_url, LockError};
+
+/// How a lock is stored in Redis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Format {
+    /// A string key whose value is the owner token: the layout of redis-py's
+    /// `Lock`, redsync and node-redlock, so a `SET key value NX PX` lock taken
+    /// by any of them excludes ours and ours excludes theirs.
+    ///
+    /// Keys (with the default prefix): `polylock:{NAME}` (the lock),
+    /// `polylock:{NAME}:fence` (the fencing counter), channel
+    /// `polylock:{NAME}:released`. `%`, `{` and `}` in NAME are written
+    /// `%25`, `%7B`, `%7D`, so the braces always delimit the Redis Cluster
+    /// hash tag and the three share a slot.
+    #[default]
+    Plain,
+    /// Redisson's `RLock` layout: a hash at key NAME whose field
+    /// `UUID:THREAD` holds the hold count, an expiry on the hash, the
+    /// message `0` on channel `redisson_lock__channel:{NAME}` at unlock, and
+    /// the fencing counter `redisson_lock_token:{NAME}`. Holds are counted on
+    /// the server, as Redisson does.
+    Redisson,
+}
+
+impl Format {
+    /// The name used in URLs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Plain => "plain",
+            Format::Redisson => "redisson",
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The default key prefix of the `plain` format.
+pub const DEFAULT_PREFIX: &str = "polylock:";
+
+/// The default for `timeout=`.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The default for `wait_timeout=`.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// One server address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Node {
+    pub(crate) host: String,
+    pub(crate) port: u16,
+}
+
+/// A parsed Redis lock URL.
+///
+/// `Debug` and [`url`](RedisConfig::url) show the URL with the password
+/// replaced by `***`; the password itself is never printed.
+#[derive(Clone)]
+pub struct RedisConfig {
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) cluster: bool,
+    pub(crate) tls: bool,
+    pub(crate) tls_ca: Option<PathBuf>,
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<String>,
+    pub(crate) db: i64,
+    pub(crate) format: Format,
+    pub(crate) prefix: String,
+    pub(crate) wait_replicas: Option<u32>,
+    pub(crate) wait_timeout: Duration,
+    pub(crate) timeout: Duration,
+    redacted: String,
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &self.redacted)
+            .field("format", &self.format)
+            .field("prefix", &self.prefix)
+            .field("db", &self.db)
+            .field("cluster", &self.cluster)
+            .field("tls", &self.tls)
+            .field("wait_replicas", &self.wait_replicas)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+const OPTIONS: &str = "format, prefix, wait_replicas, wait_timeout, timeout, tls_ca";
+
+impl RedisConfig {
+    /// Parses a `redis://`, `rediss://` or `redis+cluster://` URL. Every
+    /// mistake is a [`LockError::Config`] naming it, raised before any I/O.
+    ///
+    /// ```
+    /// use backend_redis::{Format, RedisConfig};
+    /// let c = RedisConfig::from_url("redis://:s3cret@cache:6380/2?format=redisson").unwrap();
+    /// assert_eq!(c.format(), Format::Redisson);
+    /// assert_eq!(c.db(), 2);
+    /// assert!(!format!("{c:?}").contains("s3cret"));
+    /// assert!(RedisConfig::from_url("redis://cache/x").is_err());
+    /// ```
+    pub fn from_url(url: &str) -> Result<RedisConfig, LockError> {
+        let redacted = redact_url(url);
+        let bad = |why: String| LockError::Config(format!("`{redacted}`: {why}"));
+
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("expected redis://, rediss:// or redis+cluster://".into()))?;
+        let (cluster, tls) = match scheme.to_ascii_lowercase().as_str() {
+            "redis" => (false, false),
+            "rediss" => (false, true),
+            "redis+cluster" => (true, false),
+            other => {
+                return Err(bad(format!(
+                    "unknown scheme `{other}`; expected redis, rediss or redis+cluster"
+                )))
+            }
+        };
+        if rest.contains('#') {
+            return Err(bad("URL fragments (`#...`) are not supported".into()));
+        }
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        // Credentials end at the last '@': a password may contain '@'.
+        let (userinfo, hosts) = match authority.rfind('@') {
+            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
+            None => (None, authority),
+        };
+        let (username, password) = match userinfo {
+            None => (None, None),
+            Some(info) => {
+                let (user, pass) = match info.split_once(':') {
+                    Some((u, p)) => (u, Some(p)),
+                    None => (info, None),
+                };
+                let user = decode(user)
+                    .map_err(|()| bad("the user name is not valid percent-encoded UTF-8".into()))?;
+                let pass = match pass {
+                    // Never echo the password, not even in part.
+                    Some(p) => Some(decode(p).map_err(|()| {
+                        bad("the password is not valid percent-encoded UTF-8".into())
+                    })?),
+                    None => None,
+                };
+                (
+                    (!user.is_empty()).then_some(user),
+                    pass.filter(|p| !p.is_empty()),
+                )
+            }
+        };
+
+        let mut nodes = Vec::new();
+        for host in hosts.split(',') {
+            nodes.push(parse_node(host).map_err(bad)?);
+        }
+        if !cluster && nodes.len() > 1 {
+            return Err(bad(
+                "several hosts need the redis+cluster:// scheme (Redlock over independent nodes is not implemented)".into(),
+            ));
+        }
+
+        let db = match path.trim_end_matches('/') {
+            "" => 0,
+            p => {
+                let digits = &p[1..];
+                match digits.parse::<i64>() {
+                    Ok(n) if n >= 0 && digits.bytes().all(|b| b.is_ascii_digit()) => n,
+                    _ => {
+                        return Err(bad(format!(
+                            "the path must be a database number, like /0; got `{p}`"
+                        )))
+                    }
+                }
+            }
+        };
+        if cluster && db != 0 {
+            return Err(bad("Redis Cluster has only database 0".into()));
+        }
+
+        let mut cfg = RedisConfig {
+            nodes,
+            cluster,
+            tls,
+            tls_ca: None,
+            username,
+            password,
+            db,
+            format: Format::Plain,
+            prefix: DEFAULT_PREFIX.to_string(),
+            wait_replicas: None,
+            wait_timeout: DEFAULT_WAIT_TIMEOUT,
+            timeout: DEFAULT_TIMEOUT,
+            redacted: redacted.clone(),
+        };
+        let mut seen = Vec::new();
+        let mut prefix_given = false;
+        let mut wait_timeout_given = false;
+        for (key, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            if seen.contains(&key) {
+                return Err(bad(format!("option `{key}` is given twice")));
+            }
+            seen.push(key.clone());
+            match &*key {
+                "format" => {
+                    cfg.format = match &*value {
+                        "plain" => Format::Plain,
+                        "redisson" => Format::Redisson,
+                        other => {
+                            return Err(bad(format!(
+                                "format must be plain or redisson, not `{other}`"
+                            )))
+                        }
+                    }
+                }
+                "prefix" => {
+                    if value.contains(['{', '}']) {
+                        return Err(bad(
+                            "the prefix must not contain `{` or `}`: they would change which part of a key Redis Cluster hashes".into(),
+                        ));
+                    }
+                    cfg.prefix = value.into_owned();
+                    prefix_given = true;
+                }
+                "wait_replicas" => {
+                    let n: u32 = value.parse().map_err(|_| {
+                        bad(format!(
+                            "wait_replicas must be a whole number, not `{value}`"
+                        ))
+                    })?;
+                    cfg.wait_replicas = (n > 0).then_some(n);
+                }
+                "wait_timeout" => {
+                    cfg.wait_timeout = millis(&value, "wait_timeout").map_err(bad)?;
+                    wait_timeout_given = true;
+                }
+                "timeout" => cfg.timeout = millis(&value, "timeout").map_err(bad)?,
+                "tls_ca" => {
+                    if !tls {
+                        return Err(bad("tls_ca needs the rediss:// scheme".into()));
+                    }
+                    cfg.tls_ca = Some(PathBuf::from(&*value));
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown option `{other}`; the options are {OPTIONS}"
+                    )))
+                }
+            }
+        }
+        if cfg.format == Format::Redisson && prefix_given {
+            return Err(bad(
+                "prefix does not apply to format=redisson: Redisson's keys are the lock name itself".into(),
+            ));
+        }
+        if wait_timeout_given && cfg.wait_replicas.is_none() {
+            return Err(bad("wait_timeout needs wait_replicas".into()));
+        }
+        Ok(cfg)
+    }
+
+    /// The URL with the password redacted.
+    pub fn url(&self) -> &str {
+        &self.redacted
+    }
+
+    /// The wire format.
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// The key prefix of the `plain` format (unused by `redisson`).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The database number (always 0 on a cluster).
+    pub fn db(&self) -> i64 {
+        self.db
+    }
+
+    /// Whether this is a Redis Cluster URL.
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// Whether connections use TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
+
+    /// Replicas that must acknowledge an acquire (`WAIT`), if any.
+    pub fn wait_replicas(&self) -> Option<u32> {
+        self.wait_replicas
+    }
+
+    /// How long an acquire waits for the replicas.
+    pub fn wait_timeout(&self) -> Duration {
+        self.wait_timeout
+    }
+
+    /// How long one command may go unanswered.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Removes every occurrence of the password from `text`, for messages
+    /// built from driver errors (which should not contain it, but a message
+    /// is no place to find out).
+    pub(crate) fn scrub(&self, text: String) -> String {
+        match &self.password {
+            Some(p) if p.len() >= 3 => text.replace(p.as_str(), "***"),
+            _ => text,
+        }
+    }
+}
+
+fn parse_node(host: &str) -> Result<Node, String> {
+    if host.is_empty() {
+        return Err("a host is missing".into());
+    }
+    let (name, port) = if let Some(v6) = host.strip_prefix('[') {
+        let (addr, after) = v6
+            .split_once(']')
+            .ok_or_else(|| format!("`{host}`: unclosed IPv6 bracket"))?;
+        let port = match after {
+            "" => None,
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or_else(|| format!("`{host}`: expected :PORT after the IPv6 address"))?,
+            ),
+        };
+        (addr.to_string(), port)
+    } else {
+        match host.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p)),
+            None => (host.to_string(), None),
+        }
+    };
+    if name.is_empty() {
+        return Err(format!("`{host}`: the host name is empty"));
+    }
+    if name.contains(['/', ' ', '@']) {
+        return Err(format!("`{host}`: not a host name"));
+    }
+    let port = match port {
+        None => 6379,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|&p| p > 0)
+            .ok_or_else(|| format!("`{host}`: the port must be a number from 1 to 65535"))?,
+    };
+    Ok(Node { host: name, port })
+}
+
+fn millis(value: &str, what: &str) -> Result<Duration, String> {
+    match value.parse::<u64>() {
+        Ok(ms) if ms > 0 && ms <= 3_600_000 => Ok(Duration::from_millis(ms)),
+        _ => Err(format!(
+            "{what} is a number of milliseconds from 1 to 3600000, not `{value}`"
+        )),
+    }
+}
+
+fn decode(s: &str) -> Result<String, ()> {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .map(|c| c.into_owned())
+        .map_err(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(url: &str) -> String {
+        match RedisConfig::from_url(url) {
+            Err(LockError::Config(m)) => m,
+            other => panic!("{url}: expected a Config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_single_node_urls() {
+        let c = RedisConfig::from_url("redis://127.0.0.1:7000").unwrap();
+        assert_eq!(
+            c.nodes,
+            vec![Node {
+                host: "127.0.0.1".into(),
+                port: 7000
+            }]
+        );
+        assert_eq!(
+            (c.db, c.format, c.prefix.as_str()),
+            (0, Format::Plain, DEFAULT_PREFIX)
+        );
+        assert!(!c.cluster && !c.tls);
+        let c = RedisConfig::from_url("redis://app:p%40ss@cache/3").unwrap();
+        assert_eq!(c.username.as_deref(), Some("app"));
+        assert_eq!(c.password.as_deref(), Some("p@ss"));
+        assert_eq!((c.nodes[0].port, c.db), (6379, 3));
+        let c = RedisConfig::from_url("rediss://[::1]:6390/?prefix=x:&timeout=50").unwrap();
+        assert!(c.tls);
+        assert_eq!(c.nodes[0].host, "::1");
+        assert_eq!(
+            (c.prefix.as_str(), c.timeout),
+            ("x:", Duration::from_millis(50))
+        );
+        let c = RedisConfig::from_url("redis://h?wait_replicas=1&wait_timeout=250").unwrap();
+        assert_eq!(c.wait_replicas, Some(1));
+        assert_eq!(c.wait_timeout, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn parses_cluster_urls() {
+        let c = RedisConfig::from_url("redis+cluster://:pw@a:1,b:2,c:3?format=redisson").unwrap();
+        assert!(c.cluster);
+        assert_eq!(c.nodes.len(), 3);
+        assert_eq!(c.format, Format::Redisson);
+        assert!(err("redis+cluster://a:1,b:2/1").contains("database 0"));
+        assert!(err("redis://a:1,b:2").contains("redis+cluster"));
+    }
+
+    #[test]
+    fn refuses_mistakes_with_clear_messages() {
+        assert!(err("redis://h/x").contains("database number"));
+        assert!(err("redis://h/-1").contains("database number"));
+        assert!(err("redis://h:99999").contains("port"));
+        assert!(err("redis://h:0").contains("port"));
+        assert!(err("redis://h?format=json").contains("plain or redisson"));
+        assert!(err("redis://h?formt=plain").contains("unknown option `formt`"));
+        assert!(err("redis://h?prefix={a}").contains("must not contain"));
+        assert!(err("redis://h?format=redisson&prefix=a").contains("redisson"));
+        assert!(err("redis://h?wait_timeout=5").contains("wait_replicas"));
+        assert!(err("redis://h?timeout=0").contains("milliseconds"));
+        assert!(err("redis://h?tls_ca=/x").contains("rediss"));
+        assert!(err("redis://h?timeout=1&timeout=2").contains("twice"));
+        assert!(err("http://h").contains("unknown scheme"));
+        assert!(err("redis://h#insecure").contains("fragment"));
+        assert!(err("redis://").contains("host"));
+    }
+
+    #[test]
+    fn never_shows_the_password() {
+        let url = "redis://u:hunter2@h:1/0?timeout=oops";
+        let m = err(url);
+        assert!(!m.contains("hunter2"), "{m}");
+        let c = RedisConfig::from_url("redis://u:hunter2@h:1/0").unwrap();
+        assert!(!format!("{c:?}").contains("hunter2"));
+        assert!(!c.url().contains("hunter2"));
+        assert_eq!(c.scrub("auth hunter2 failed".into()), "auth *** failed");
+    }
+}

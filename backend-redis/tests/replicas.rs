@@ -1,0 +1,92 @@
+//! `wait_replicas=`: an acquire is acknowledged by replicas (`WAIT`), or
+//! undone.
+
+mod support;
+
+use std::time::Duration;
+
+use lock_core::LockBackend;
+use support::{backend, eventually, name, raw, req};
+use testkit::RedisServer;
+use tokio::time::Instant;
+
+async fn info_replication(url: &str) -> String {
+    let mut c = raw(url).await;
+    redis::cmd("INFO")
+        .arg("replication")
+        .query_async(&mut c)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_waits_for_replicas_or_is_undone() {
+    // No 5 s diskless-sync delay before the replica's first sync.
+    let master = RedisServer::start_with_args(&["--repl-diskless-sync-delay", "0"]).unwrap();
+    let replica =
+        RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &master.port().to_string()])
+            .unwrap();
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            info_replication(&master.url())
+                .await
+                .contains("connected_slaves:1")
+                && info_replication(&replica.url())
+                    .await
+                    .contains("master_link_status:up")
+        })
+        .await,
+        "the replica never synced"
+    );
+
+    // One replica asked for, one there: granted, and the replica has it.
+    let one = backend(&format!(
+        "{}/0?wait_replicas=1&wait_timeout=2000",
+        master.url()
+    ))
+    .await;
+    let n = name("replicas/one");
+    let lease = one
+        .try_acquire(&req(&n, Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .unwrap();
+    let key = one.keys(&n).unwrap().lock;
+    let mut on_replica = raw(&replica.url()).await;
+    let v: Option<String> = redis::cmd("GET")
+        .arg(&key)
+        .query_async(&mut on_replica)
+        .await
+        .unwrap();
+    assert_eq!(
+        v,
+        Some(lease.owner().to_string()),
+        "acknowledged, so the replica has it"
+    );
+    one.release(&lease).await.unwrap();
+
+    // Two asked for, one there: the acquire is undone and reported, after
+    // the wait timeout, as a retryable error.
+    let two = backend(&format!(
+        "{}/0?wait_replicas=2&wait_timeout=300",
+        master.url()
+    ))
+    .await;
+    let n = name("replicas/two");
+    let started = Instant::now();
+    let e = two
+        .try_acquire(&req(&n, Duration::from_secs(30)))
+        .await
+        .expect_err("only one replica");
+    let took = started.elapsed();
+    assert!(e.is_retryable(), "{e}");
+    assert!(e.to_string().contains("only 1 of 2 replicas"), "{e}");
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    assert!(
+        two.inspect(&n).await.unwrap().is_none(),
+        "an unreplicated lock was left held"
+    );
+}

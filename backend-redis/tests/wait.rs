@@ -1,0 +1,234 @@
+//! Waiting: release messages wake waiters at once, cancelled waiters leave
+//! no subscription behind, and one pub/sub connection serves all waiters of
+//! a client.
+
+mod support;
+
+use std::time::Duration;
+
+use lock_core::{LockBackend, Locker};
+use support::{backend, eventually, name, raw, req, server, wait_req};
+use tokio::time::{sleep, timeout, Instant};
+
+async fn numsub(conn: &redis::aio::MultiplexedConnection, channel: &str) -> i64 {
+    let mut conn = conn.clone();
+    let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    n[0].1
+}
+
+async fn pubsub_clients(conn: &redis::aio::MultiplexedConnection) -> usize {
+    let mut conn = conn.clone();
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    list.lines().filter(|l| !l.is_empty()).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_wakes_a_waiter_at_once() {
+    let srv = server();
+    let holder = backend(&srv.url()).await;
+    let waiter = backend(&srv.url()).await;
+    let n = name("wait/handoff");
+    let mut handoffs = Vec::new();
+    for _ in 0..7 {
+        let lease = holder
+            .try_acquire(&req(&n, Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .unwrap();
+        let task = tokio::spawn({
+            let waiter = waiter.clone();
+            let r = wait_req(&n, Duration::from_secs(30), Duration::from_secs(20));
+            async move {
+                let lease = waiter.acquire(&r).await.unwrap().unwrap();
+                (Instant::now(), lease)
+            }
+        });
+        // Long enough for the fallback poll to back off to its maximum:
+        // only the message can make the hand-off fast.
+        sleep(Duration::from_millis(700)).await;
+        let released = Instant::now();
+        holder.release(&lease).await.unwrap();
+        let (got, lease) = task.await.unwrap();
+        handoffs.push(got - released);
+        waiter.release(&lease).await.unwrap();
+    }
+    handoffs.sort();
+    let median = handoffs[handoffs.len() / 2];
+    assert!(median < Duration::from_millis(30), "hand-offs {handoffs:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_waiters_leave_no_subscription() {
+    let srv = server();
+    let holder = Locker::from_arc(backend(&srv.url()).await);
+    let waiter = Locker::from_arc(backend(&srv.url()).await);
+    let admin = raw(&srv.url()).await;
+    let channel = "polylock:{wait/cancel}:released";
+    let guard = holder.lock("wait/cancel").acquire().await.unwrap();
+
+    // Two waiters of one client share one subscription.
+    let w1 = tokio::spawn({
+        let w = waiter.clone();
+        async move {
+            w.lock("wait/cancel")
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+        }
+    });
+    let w2 = tokio::spawn({
+        let w = waiter.clone();
+        async move {
+            w.lock("wait/cancel")
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+        }
+    });
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            numsub(&admin, channel).await == 1
+        })
+        .await
+    );
+    sleep(Duration::from_millis(100)).await;
+    assert_eq!(numsub(&admin, channel).await, 1);
+    assert_eq!(pubsub_clients(&admin).await, 1);
+
+    w1.abort();
+    assert!(w1.await.unwrap_err().is_cancelled());
+    sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        numsub(&admin, channel).await,
+        1,
+        "the other waiter still waits"
+    );
+    w2.abort();
+    assert!(w2.await.unwrap_err().is_cancelled());
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            numsub(&admin, channel).await == 0
+        })
+        .await,
+        "a cancelled waiter left its subscription behind"
+    );
+
+    // Also a wait dropped by a timeout around it.
+    let r = timeout(
+        Duration::from_millis(400),
+        waiter
+            .lock("wait/cancel")
+            .wait(Duration::from_secs(30))
+            .acquire(),
+    )
+    .await;
+    assert!(r.is_err());
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            numsub(&admin, channel).await == 0
+        })
+        .await,
+        "a timed-out waiter left its subscription behind"
+    );
+    guard.release().await.unwrap();
+    let g = waiter
+        .lock("wait/cancel")
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free");
+    g.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_locks_one_pubsub_connection() {
+    let srv = server();
+    let holder = Locker::from_arc(backend(&srv.url()).await);
+    let waiter = Locker::from_arc(backend(&srv.url()).await);
+    let admin = raw(&srv.url()).await;
+    let mut guards = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let n = format!("wait/many/{i}");
+        guards.push(holder.lock(&n).acquire().await.unwrap());
+        let w = waiter.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = w
+                .lock(&n)
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap();
+            g.release().await.unwrap();
+        }));
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            let mut admin = admin.clone();
+            let n: i64 = redis::cmd("PUBSUB")
+                .arg("NUMPAT")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            let channels: Vec<String> = redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .arg("polylock:*")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            n == 0 && channels.len() == 20
+        })
+        .await
+    );
+    assert_eq!(
+        pubsub_clients(&admin).await,
+        1,
+        "one pub/sub connection per client"
+    );
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    for t in tasks {
+        timeout(Duration::from_secs(5), t).await.unwrap().unwrap();
+    }
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            let mut admin = admin.clone();
+            let channels: Vec<String> = redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .arg("polylock:*")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            channels.is_empty()
+        })
+        .await,
+        "channels stayed subscribed after their waiters were done"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_acquire_does_not_subscribe() {
+    let srv = server();
+    let locker = Locker::from_arc(backend(&srv.url()).await);
+    let admin = raw(&srv.url()).await;
+    let g = locker
+        .lock("wait/uncontended")
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(pubsub_clients(&admin).await, 0);
+    g.release().await.unwrap();
+}
