@@ -7,14 +7,14 @@ mod support;
 use std::time::Duration;
 
 use lock_core::{LockBackend, LockError, LockName, Locker};
-use support::cluster::RedisCluster;
 use support::{backend, name, req};
+use testkit::RedisCluster;
 use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_specifics() {
     let cluster = RedisCluster::start(3).expect("cluster");
-    let plain = backend(&cluster.url("")).await;
+    let plain = backend(&format!("redis+cluster://{}", cluster.seed_nodes())).await;
 
     // Braces in a name never split a lock's keys across slots: every
     // script below would fail with CROSSSLOT otherwise.
@@ -42,7 +42,7 @@ async fn cluster_specifics() {
     for i in 0..30 {
         let n = name(&format!("spread/{i}"));
         let key = plain.keys(&n).unwrap().lock;
-        let mut c = support::raw(&cluster.servers[0].url()).await;
+        let mut c = support::raw(&cluster.servers()[0].url()).await;
         let slot: i64 = redis::cmd("CLUSTER")
             .arg("KEYSLOT")
             .arg(&key)
@@ -61,7 +61,11 @@ async fn cluster_specifics() {
 
     // Redisson's own layout cannot co-locate a name with braces: refused
     // before any I/O, with the reason.
-    let redisson = backend(&cluster.url("?format=redisson")).await;
+    let redisson = backend(&format!(
+        "redis+cluster://{}?format=redisson",
+        cluster.seed_nodes()
+    ))
+    .await;
     let e = redisson
         .try_acquire(&req(&name("a{b}c"), Duration::from_secs(5)))
         .await
@@ -77,11 +81,13 @@ async fn cluster_specifics() {
 
     // A release published by the lock's master reaches a waiter subscribed
     // on whichever node its pub/sub connection went to.
-    let holder = Locker::from_arc(backend(&cluster.url("")).await);
+    let holder =
+        Locker::from_arc(backend(&format!("redis+cluster://{}", cluster.seed_nodes())).await);
     let mut handoffs = Vec::new();
     for i in 0..7 {
         let lock = format!("cluster/wait/{i}");
-        let waiter = Locker::from_arc(backend(&cluster.url("")).await);
+        let waiter =
+            Locker::from_arc(backend(&format!("redis+cluster://{}", cluster.seed_nodes())).await);
         let g = holder.lock(&lock).acquire().await.unwrap();
         let task = tokio::spawn({
             let lock = lock.clone();

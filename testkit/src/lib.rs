@@ -27,6 +27,7 @@ mod postgres;
 mod process;
 mod proxy;
 mod redis;
+mod redis_cluster;
 mod zookeeper;
 
 pub use error::{Error, Result};
@@ -37,6 +38,7 @@ pub use postgres::PostgresServer;
 pub use process::{run_with_timeout, ServerProcess};
 pub use proxy::{Mode, Proxy};
 pub use redis::RedisServer;
+pub use redis_cluster::RedisCluster;
 pub use zookeeper::ZooKeeperServer;
 
 #[cfg(test)]
@@ -48,6 +50,7 @@ mod send_sync {
     #[test]
     fn all_public_types_are_send_and_sync() {
         assert_send_sync::<RedisServer>();
+        assert_send_sync::<RedisCluster>();
         assert_send_sync::<EtcdServer>();
         assert_send_sync::<EtcdMember>();
         assert_send_sync::<EtcdCluster>();

@@ -367,6 +367,25 @@ fn redis_with_append_only_file_keeps_data_across_kill() {
 }
 
 #[test]
+fn redis_cluster_assigns_every_slot_and_heals_after_a_restart() {
+    let cluster = testkit::RedisCluster::start(3).expect("start a three-master cluster");
+    assert_eq!(cluster.servers().len(), 3);
+    for server in cluster.servers() {
+        let info = resp(server.addr(), &["CLUSTER", "INFO"], Duration::from_secs(2)).unwrap();
+        assert!(info.contains("cluster_state:ok"), "{info}");
+        assert!(info.contains("cluster_slots_assigned:16384"), "{info}");
+    }
+    assert_eq!(cluster.seed_nodes().split(',').count(), 3);
+    let member = &cluster.servers()[1];
+    member.kill().unwrap();
+    assert_refused(member.addr());
+    member.restart().unwrap();
+    cluster
+        .wait_healthy(Duration::from_secs(30))
+        .expect("the cluster heals once the member is back");
+}
+
+#[test]
 fn server_that_exits_during_start_up_reports_its_log() {
     let err =
         RedisServer::start_with_args(&["--no-such-option", "x"]).expect_err("bad flag must fail");

@@ -3,8 +3,6 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-pub mod cluster;
-
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;

@@ -6,13 +6,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use backend_redis::RedisBackend;
 use lock_core::{Guarantees, LockBackend, LockError};
-use testkit::RedisServer;
+use testkit::{RedisCluster, RedisServer};
 
 use super::Registration;
 use crate::fixture::Fixture;
-
-#[path = "../../../backend-redis/tests/support/cluster.rs"]
-mod cluster;
 
 /// Clients are new [`RedisBackend`]s (their own connections) to `url`.
 /// `remove_behind_back` is the default: `force_release` from another client,
@@ -42,10 +39,10 @@ fn single(query: &str) -> Result<Arc<dyn Fixture>, String> {
 }
 
 fn cluster(query: &str) -> Result<Arc<dyn Fixture>, String> {
-    let cluster = cluster::RedisCluster::start(3)?;
+    let cluster = RedisCluster::start(3).map_err(|e| e.to_string())?;
     Ok(Arc::new(RedisFixture {
-        url: cluster.url(query),
-        _servers: cluster.servers,
+        url: format!("redis+cluster://{}{query}", cluster.seed_nodes()),
+        _servers: cluster.into_servers(),
     }))
 }
 
