@@ -54,6 +54,17 @@ const SCHEMES: &[Scheme] = &[
     Scheme {
         scheme: "etcd",
         feature: "etcd",
+        #[cfg(feature = "etcd")]
+        connect: Some(connect_etcd),
+        #[cfg(not(feature = "etcd"))]
+        connect: None,
+    },
+    Scheme {
+        scheme: "etcds",
+        feature: "etcd",
+        #[cfg(feature = "etcd")]
+        connect: Some(connect_etcd),
+        #[cfg(not(feature = "etcd"))]
         connect: None,
     },
     Scheme {
@@ -103,6 +114,8 @@ const SCHEMES: &[Scheme] = &[
     },
 ];
 
+/// `sqlite://`, `postgres://`, `postgresql://`, `mysql://`, `mariadb://`:
+/// one SQL client (its own pool); the URL's query carries the options.
 #[cfg(feature = "sql")]
 fn connect_sql(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>> {
     Box::pin(async move {
@@ -120,6 +133,13 @@ fn connect_redis(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockErro
         let backend = backend_redis::RedisBackend::connect(&url).await?;
         Ok(Arc::new(backend) as Arc<dyn LockBackend>)
     })
+}
+
+/// `etcd://` and `etcds://`: one etcd client (its own channel and
+/// sessions); see `backend_etcd::EtcdConfig` for the URL's options.
+#[cfg(feature = "etcd")]
+fn connect_etcd(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>> {
+    Box::pin(async move { backend_etcd::connect(&url).await })
 }
 
 /// The schemes this build can connect to.

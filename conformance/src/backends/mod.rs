@@ -10,6 +10,7 @@ use lock_core::{Guarantees, LockBackend, MemoryBackend};
 
 use crate::fixture::Fixture;
 
+mod etcd;
 mod memory;
 mod redis;
 mod sql;
@@ -41,5 +42,7 @@ pub fn registered() -> Vec<Registration> {
         redis::redisson(),
         redis::cluster_plain(),
         redis::cluster_redisson(),
+        etcd::single(),
+        etcd::cluster(),
     ]
 }

@@ -1,0 +1,716 @@
+//! [`EtcdBackend`]: the [`LockBackend`] over etcd.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{Client, ConnectOptions};
+use lock_core::{
+    AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Lease,
+    LockBackend, LockError, LockName, WaitMechanism,
+};
+use tokio::time::{sleep, sleep_until, timeout_at, Instant};
+
+use crate::config::EtcdConfig;
+use crate::conn::Conn;
+use crate::errors::{from_etcd, is_auth_failure, lease_gone, retryable, timed_out, BACKEND};
+use crate::queue::{self, Released, WatchEnd};
+use crate::session::{spawn_cleanup, Cleanup, Closed, Session, SessionInfo, SessionUse};
+use crate::slot::{Slot, Slots};
+
+/// The smallest lease etcd grants with its default election timing
+/// (`ceil(1.5 * election timeout)` = 2 s); shorter requests are raised.
+pub const MIN_TTL: Duration = Duration::from_secs(2);
+
+/// While waiting on a watch, read the queue again this often anyway, in
+/// case a stream went silent without an error (a frozen member).
+const RECHECK: Duration = Duration::from_secs(5);
+
+/// A pause before retrying a failed read while waiting in the queue.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// A polylock client of an etcd cluster.
+///
+/// One value is one client: one gRPC channel balanced over the endpoints,
+/// and one session lease per distinct TTL (in whole seconds), kept alive in
+/// the background and shared by every lock taken with that TTL (revoked
+/// after 30 s without locks). Clones share the client. Dropping the last
+/// clone revokes the sessions, which deletes their keys at once.
+///
+/// # TTLs
+/// etcd grants leases in whole seconds with a 2 s minimum, so a TTL is
+/// rounded up (1.2 s → 2 s); the [`Lease`] reports the TTL etcd granted.
+/// Locks with different TTLs use different sessions (and so different
+/// claim keys); locks with the same TTL share one.
+///
+/// # Renew, release, reuse
+/// `renew` and `release` must go through the client that acquired the
+/// lease: its session keeps the lease alive. `renew` sends no request of
+/// its own besides one read of the claim key; it reports the session's
+/// latest keepalive.
+///
+/// # One claim per name per client
+/// Tasks of one client asking for the same name queue in the client first
+/// and enter etcd's queue one at a time (see the crate docs).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lock_core::LockError> {
+/// use std::time::Duration;
+/// use lock_core::Locker;
+/// let backend = backend_etcd::EtcdBackend::connect("etcd://127.0.0.1:2379").await?;
+/// let locker = Locker::new(backend);
+/// let guard = locker.lock("reports").ttl(Duration::from_secs(10)).acquire().await?;
+/// println!("fencing token {}", guard.fence());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: EtcdConfig,
+    conn: Conn,
+    sessions: Mutex<Vec<Arc<Session>>>,
+    /// One grant at a time, so concurrent first acquisitions share it.
+    granting: tokio::sync::Mutex<()>,
+    slots: Arc<Slots>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for s in self
+            .sessions
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            s.shutdown();
+        }
+    }
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("url", &self.inner.config.redacted_url())
+            .field("prefix", &self.inner.config.prefix())
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdBackend {
+    /// Parses `url` (see [`EtcdConfig`]) and connects.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is created on the server before the first lock.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::connect_with(EtcdConfig::parse(url)?).await
+    }
+
+    /// Connects with a parsed configuration, and checks that the cluster
+    /// answers (and accepts the credentials) within the connect timeout.
+    /// The error names the endpoints, never the password.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is created on the server before the first lock.
+    pub async fn connect_with(config: EtcdConfig) -> Result<Self, LockError> {
+        let endpoints = config.endpoints().join(",");
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(config.connect_timeout())
+            // HTTP/2 pings find a dead or silent connection so the channel
+            // reconnects. etcd punishes pings more often than every 5 s, and
+            // any ping without an open stream.
+            .with_keep_alive(Duration::from_secs(10), config.connect_timeout())
+            .with_keep_alive_while_idle(false)
+            // A member cut off from the leader refuses requests at once
+            // instead of serving stale watches.
+            .with_require_leader(true);
+        if let (Some(user), Some(password)) = (&config.user, &config.password) {
+            options = options
+                .with_user(user.clone(), password.clone())
+                .with_auto_token_refresh(true);
+        }
+        if config.tls() {
+            options = options.with_tls(tls_options(&config)?);
+        }
+        let context = format!("could not connect to etcd at {endpoints}");
+        // With several endpoints, the balanced channel may pick a dead member
+        // first: keep trying until the connect timeout, then report the last
+        // failure (or the timeout).
+        let deadline = Instant::now() + config.connect_timeout();
+        let mut made: Option<Client> = None;
+        let mut last: Option<etcd_client::Error> = None;
+        let client = loop {
+            let attempt = async {
+                let c = match made.take() {
+                    Some(c) => c,
+                    None => Client::connect(config.endpoint_urls(), Some(options.clone())).await?,
+                };
+                // etcd-client connects lazily: ask something small so that an
+                // unreachable cluster is an error now, naming the endpoints.
+                let probe = c.maintenance_client().status().await;
+                Ok::<_, etcd_client::Error>((c, probe))
+            };
+            let e = match timeout_at(deadline, attempt).await {
+                Ok(Ok((c, Ok(_)))) => break c,
+                // Some etcd versions keep Status for admins: an answer is enough.
+                Ok(Ok((c, Err(etcd_client::Error::GRpcStatus(s)))))
+                    if s.code() == tonic::Code::PermissionDenied =>
+                {
+                    break c
+                }
+                Ok(Ok((c, Err(e)))) => {
+                    made = Some(c);
+                    e
+                }
+                Ok(Err(e)) => e,
+                Err(_) => {
+                    return Err(match last {
+                        Some(e) => from_etcd(context, e),
+                        None => timed_out(context, config.connect_timeout()),
+                    })
+                }
+            };
+            if is_auth_failure(&e) {
+                let user = config.user().unwrap_or_default();
+                return Err(LockError::permanent(
+                    BACKEND,
+                    format!("{context}: authentication failed for user {user:?}"),
+                ));
+            }
+            if !retryable(&e) || Instant::now() + RETRY_PAUSE >= deadline {
+                return Err(from_etcd(context, e));
+            }
+            last = Some(e);
+            sleep(RETRY_PAUSE).await;
+        };
+        let conn = Conn::new(&client, config.op_timeout());
+        Ok(EtcdBackend {
+            inner: Arc::new(Inner {
+                config,
+                conn,
+                sessions: Mutex::new(Vec::new()),
+                granting: tokio::sync::Mutex::new(()),
+                slots: Arc::default(),
+            }),
+        })
+    }
+
+    /// The configuration this client was made with.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.inner.config
+    }
+
+    /// The live sessions of this client: one per TTL in use.
+    pub fn sessions(&self) -> Vec<SessionInfo> {
+        self.sessions_list()
+            .iter()
+            .filter(|s| !s.is_closed())
+            .map(|s| s.info())
+            .collect()
+    }
+
+    /// The etcd key prefix of lock `name`: `{prefix}{name}/`. Claims are
+    /// the keys directly under it.
+    pub fn key_prefix(&self, name: &LockName) -> String {
+        queue::lock_prefix(self.inner.config.prefix(), name)
+    }
+
+    pub(crate) fn conn(&self) -> &Conn {
+        &self.inner.conn
+    }
+
+    fn sessions_list(&self) -> MutexGuard<'_, Vec<Arc<Session>>> {
+        // Critical sections are single list operations.
+        self.inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn live_session(&self, secs: u64) -> Option<(Arc<Session>, SessionUse)> {
+        let mut list = self.sessions_list();
+        list.retain(|s| !s.is_closed());
+        let s = list.iter().find(|s| s.asked_secs == secs)?;
+        let used = s.begin_use()?;
+        Some((Arc::clone(s), used))
+    }
+
+    /// The session for `ttl`, granting one if there is none alive.
+    async fn session(&self, ttl: Duration) -> Result<(Arc<Session>, SessionUse), LockError> {
+        let secs = ttl_secs(ttl);
+        if let Some(found) = self.live_session(secs) {
+            return Ok(found);
+        }
+        let _granting = self.inner.granting.lock().await;
+        if let Some(found) = self.live_session(secs) {
+            return Ok(found);
+        }
+        let session = Session::start(self.inner.conn.clone(), secs).await?;
+        let used = session
+            .begin_use()
+            .ok_or_else(|| LockError::transient(BACKEND, "a new etcd session ended at once"))?;
+        self.sessions_list().push(Arc::clone(&session));
+        Ok((session, used))
+    }
+
+    /// The live session a claim key belongs to.
+    fn session_of_key(&self, key: &str) -> Option<Arc<Session>> {
+        let id = queue::lease_of_key(key)?;
+        self.sessions_list()
+            .iter()
+            .find(|s| s.id == id && !s.is_closed())
+            .cloned()
+    }
+
+    /// One acquisition: create the claim, and if it is not first, either
+    /// give up (`deadline` None) or wait for the predecessors until
+    /// `deadline`.
+    async fn attempt(
+        &self,
+        req: &AcquireRequest,
+        slot: Slot,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>, LockError> {
+        let conn = self.conn();
+        let pfx = self.key_prefix(&req.name);
+        let owner = req.owner.to_string();
+        let mut slot = Some(slot);
+        let mut expired_sessions = 0;
+        loop {
+            let (session, _using) = self.session(req.ttl).await?;
+            let key = queue::claim_key(&pfx, session.id);
+            let mut claim = Queued {
+                conn: conn.clone(),
+                session: Arc::clone(&session),
+                key: key.clone(),
+                how: Cleanup::Value(owner.clone()),
+                slot: slot.take(),
+                armed: true,
+            };
+            let created = match queue::create(conn, &pfx, &key, &owner, session.id).await {
+                Ok(c) => c,
+                Err(e) if lease_gone(&e) && expired_sessions < 2 => {
+                    // The session lease expired in etcd before our keepalive
+                    // task noticed: end it and queue on a new one.
+                    expired_sessions += 1;
+                    session.expired();
+                    slot = claim.slot.take();
+                    claim.armed = false;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            claim.how = Cleanup::Revision(created.rev);
+            if !created.first {
+                let Some(deadline) = deadline else {
+                    claim.delete().await?;
+                    return Ok(None);
+                };
+                match self
+                    .wait_turn(&session, &pfx, &key, created.rev, deadline)
+                    .await?
+                {
+                    Turn::Mine => {}
+                    Turn::TimedOut => {
+                        // Leave the queue; if that fails the guard retries
+                        // in the background, and the answer is the same.
+                        let _ = claim.delete().await;
+                        return Ok(None);
+                    }
+                    Turn::Gone => {
+                        // Our claim vanished (session lost, or deleted by an
+                        // operator): queue again with a fresh claim. The old
+                        // one's cleanup compares its revision, so it cannot
+                        // touch the new one even under the same key.
+                        slot = claim.slot.take();
+                        drop(claim);
+                        if Instant::now() >= deadline {
+                            return Ok(None);
+                        }
+                        continue;
+                    }
+                }
+            }
+            let fence = FencingToken::new(u64::try_from(created.rev).unwrap_or(0))
+                .ok_or_else(|| crate::errors::unexpected("acquiring", "create revision 0"))?;
+            match session.register(key.clone(), created.rev, req.owner, claim.slot.take()) {
+                Ok(state) => {
+                    claim.armed = false;
+                    let lease = req
+                        .lease(fence, state.ttl, state.last_ok_sent)
+                        .with_backend_key(key);
+                    return Ok(Some(lease));
+                }
+                Err(Closed(back)) => {
+                    // The session ended between the create and now: its
+                    // lease is gone or going, and the lock with it.
+                    slot = back;
+                    drop(claim);
+                    match deadline {
+                        Some(d) if Instant::now() < d => continue,
+                        _ => {
+                            return Err(LockError::transient(
+                                BACKEND,
+                                "the etcd session ended while acquiring",
+                            ))
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits until our claim (created at `my_rev`) is the lowest: watch the
+    /// delete of the claim just before it, then look again.
+    async fn wait_turn(
+        &self,
+        session: &Session,
+        pfx: &str,
+        key: &str,
+        my_rev: i64,
+        deadline: Instant,
+    ) -> Result<Turn, LockError> {
+        let conn = self.conn();
+        loop {
+            if Instant::now() >= deadline {
+                return Ok(Turn::TimedOut);
+            }
+            if session.is_closed() {
+                return Ok(Turn::Gone);
+            }
+            let found = match timeout_at(deadline, queue::predecessor(conn, pfx, my_rev)).await {
+                Err(_) => return Ok(Turn::TimedOut),
+                Ok(Err(e)) if e.is_retryable() => {
+                    pause_until(RETRY_PAUSE, deadline).await;
+                    continue;
+                }
+                Ok(Err(e)) => return Err(e),
+                Ok(Ok(found)) => found,
+            };
+            match found {
+                (None, _) => {
+                    // Nobody ahead. Confirm we are the holder: our claim is
+                    // still there, on our session's lease (so that lease is
+                    // alive in etcd right now).
+                    let holder = match timeout_at(deadline, queue::holder(conn, pfx)).await {
+                        Err(_) => return Ok(Turn::TimedOut),
+                        Ok(Err(e)) if e.is_retryable() => {
+                            pause_until(RETRY_PAUSE, deadline).await;
+                            continue;
+                        }
+                        Ok(Err(e)) => return Err(e),
+                        Ok(Ok(h)) => h,
+                    };
+                    return Ok(match holder {
+                        Some(h)
+                            if h.key == key && h.create_rev == my_rev && h.lease == session.id =>
+                        {
+                            Turn::Mine
+                        }
+                        _ => Turn::Gone,
+                    });
+                }
+                (Some(ahead), seen_at) => {
+                    let ended = tokio::select! {
+                        r = queue::wait_deleted(conn, &ahead.key, seen_at) => r,
+                        _ = sleep_until(deadline) => return Ok(Turn::TimedOut),
+                        _ = session.closed() => return Ok(Turn::Gone),
+                        _ = sleep(RECHECK) => Ok(WatchEnd::Recheck),
+                    };
+                    match ended {
+                        Ok(_) => {}
+                        Err(e) if e.is_retryable() => pause_until(RETRY_PAUSE, deadline).await,
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How waiting in the queue ended.
+enum Turn {
+    Mine,
+    TimedOut,
+    Gone,
+}
+
+async fn pause_until(pause: Duration, deadline: Instant) {
+    sleep_until(deadline.min(Instant::now() + pause)).await;
+}
+
+/// TTL → whole seconds, rounded up (etcd's unit), at least 1.
+fn ttl_secs(ttl: Duration) -> u64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+fn tls_options(config: &EtcdConfig) -> Result<etcd_client::TlsOptions, LockError> {
+    let mut tls = etcd_client::TlsOptions::new().with_native_roots();
+    if let Some(path) = &config.ca {
+        let pem = std::fs::read(path).map_err(|e| {
+            LockError::Config(format!(
+                "`{}`: cannot read the CA file {}: {e}",
+                config.redacted_url(),
+                path.display()
+            ))
+        })?;
+        tls = tls.ca_certificate(etcd_client::Certificate::from_pem(pem));
+    }
+    Ok(tls)
+}
+
+/// A claim in etcd that must not outlive its attempt: if the attempt is
+/// dropped (cancelled) or fails after sending the create, `Drop` hands its
+/// deletion to the runtime, with the slot, so it leaves the queue.
+struct Queued {
+    conn: Conn,
+    session: Arc<Session>,
+    key: String,
+    how: Cleanup,
+    slot: Option<Slot>,
+    armed: bool,
+}
+
+impl Queued {
+    /// Deletes the claim now.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: if dropped, `Drop` deletes in the background.
+    async fn delete(&mut self) -> Result<(), LockError> {
+        crate::session::delete_claim(&self.conn, &self.key, &self.how).await?;
+        self.armed = false;
+        Ok(())
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        if self.armed {
+            spawn_cleanup(
+                self.conn.clone(),
+                Arc::clone(&self.session),
+                std::mem::take(&mut self.key),
+                self.how.clone(),
+                self.slot.take(),
+            );
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for EtcdBackend {
+    /// Creates the claim; if it is not the lowest, deletes it and answers
+    /// `None`. Also `None` at once if another task of this client is using
+    /// the name.
+    ///
+    /// # Cancel safety
+    /// Cancel safe in effect: a dropped attempt's claim is deleted in the
+    /// background (or goes with the session lease).
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        let Some(slot) = self.inner.slots.try_take(&req.name) else {
+            return Ok(None);
+        };
+        self.attempt(req, slot, None).await
+    }
+
+    /// Queues a claim and watches the deletion of the claim just before it
+    /// until it is the lowest, or `req.wait` runs out (then the claim is
+    /// deleted and the answer is `None`). Retryable failures (a leader
+    /// election, a broken connection) are retried until the wait runs out.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped waiter's claim is deleted in the background,
+    /// so it does not keep its place in the queue.
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        if req.wait.is_zero() {
+            return self.try_acquire(req).await;
+        }
+        let deadline = req.wait_deadline();
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let Ok(slot) = timeout_at(deadline, self.inner.slots.take(&req.name)).await else {
+                return Ok(None);
+            };
+            match self.attempt(req, slot, Some(deadline)).await {
+                // A failed attempt cleans up its claim in the background and
+                // holds the slot until then, so the retry waits for that.
+                Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                    tracing::debug!(name = %req.name, error = %e, "polylock: etcd acquire failed; retrying until the wait ends");
+                    pause_until(pause, deadline).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Reports the session's latest answered keepalive after checking that
+    /// the claim still exists with the same create revision on the same
+    /// lease. Waits for a keepalive newer than the lease (nudging one) so
+    /// that the watchdog always moves forward. `Err(Lost)` if the claim or
+    /// the session is gone; never re-creates.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only, apart from a keepalive the session sends
+    /// anyway.
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let lost = || LockError::Lost {
+            name: lease.name().to_string(),
+        };
+        let Some(key) = lease.backend_key() else {
+            return Err(lost());
+        };
+        let rev = i64::try_from(lease.fence().get()).unwrap_or(-1);
+        let Some(session) = self.session_of_key(key) else {
+            return Err(lost());
+        };
+        if !session.holds(key, lease.owner(), rev) {
+            return Err(lost());
+        }
+        let (claim, fresh) = tokio::join!(
+            queue::claim_of(self.conn(), key),
+            session.keepalive_after(lease.sent_at(), lease.deadline()),
+        );
+        match claim? {
+            Some(c) if c.create_rev == rev && c.lease == session.id => {}
+            _ => {
+                session.forget(key, rev, lease.owner());
+                return Err(lost());
+            }
+        }
+        let state = fresh.map_err(|()| lost())?;
+        if !session.extend(key, rev, state.last_ok_sent + state.ttl) {
+            return Err(lost());
+        }
+        Ok(lease.renewed(state.ttl, state.last_ok_sent))
+    }
+
+    /// Deletes the claim if it is still ours (same value and create
+    /// revision; a plain delete when this client holds exactly this claim).
+    /// Already gone and nobody holding: `Ok`. Someone else holding:
+    /// `Err(Lost)`, and their claim is untouched.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the delete happened or not; an unreleased claim is
+    /// deleted by the session when its TTL passes without a renew.
+    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        let lost = || LockError::Lost {
+            name: lease.name().to_string(),
+        };
+        let Some(key) = lease.backend_key() else {
+            return Err(lost());
+        };
+        let rev = i64::try_from(lease.fence().get()).unwrap_or(-1);
+        let session = self.session_of_key(key);
+        // Fast path: this client holds exactly this claim. The key embeds
+        // our session's lease id, and only this client creates it, one
+        // claim per name at a time (the slot, held until the key is gone).
+        // So the key in etcd is this very claim or nothing, and a plain
+        // delete is as safe as a compare-and-delete, and cheaper for etcd.
+        if let Some(s) = session
+            .as_ref()
+            .filter(|s| s.holds(key, lease.owner(), rev))
+        {
+            if queue::delete_own(self.conn(), key).await? {
+                s.forget(key, rev, lease.owner());
+                return Ok(());
+            }
+            // Already gone (expired or removed): find out who holds now.
+        }
+        let pfx = self.key_prefix(lease.name());
+        let outcome =
+            queue::release(self.conn(), &pfx, key, &lease.owner().to_string(), rev).await?;
+        // Whatever the outcome, this holding's claim is not in etcd any more
+        // (deleted now, gone before, or replaced): forget it locally.
+        if let Some(session) = session {
+            session.forget(key, rev, lease.owner());
+        }
+        match outcome {
+            Released::Deleted | Released::AlreadyFree => Ok(()),
+            Released::HeldByOther => Err(lost()),
+        }
+    }
+
+    /// The lowest claim: `owner` is its key (ending with the holder's lease
+    /// id in hex), `fence` its create revision, `expires_in` the time to
+    /// live of its lease.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
+        let Some(holder) = queue::holder(self.conn(), &self.key_prefix(name)).await? else {
+            return Ok(None);
+        };
+        let fence = u64::try_from(holder.create_rev)
+            .ok()
+            .and_then(FencingToken::new);
+        let expires_in = if holder.lease == 0 {
+            None
+        } else {
+            let r = self.conn().time_to_live(holder.lease).await?;
+            Some(Duration::from_secs(u64::try_from(r.ttl()).unwrap_or(0)))
+        };
+        Ok(Some(HolderInfo::new(holder.key, fence, expires_in)))
+    }
+
+    /// Deletes the holder's claim (the lowest), whoever it is; the next in
+    /// line then holds. `false` if nobody held.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the claim is deleted or not.
+    async fn force_release(&self, name: &LockName) -> Result<bool, LockError> {
+        let pfx = self.key_prefix(name);
+        loop {
+            let Some(holder) = queue::holder(self.conn(), &pfx).await? else {
+                return Ok(false);
+            };
+            let how = Cleanup::Revision(holder.create_rev);
+            if crate::session::delete_claim(self.conn(), &holder.key, &how).await? {
+                return Ok(true);
+            }
+            // The holder changed between the read and the delete: look again.
+        }
+    }
+
+    fn guarantees(&self) -> Guarantees {
+        guarantees()
+    }
+}
+
+/// What the etcd backend promises (the same for every client).
+pub fn guarantees() -> Guarantees {
+    let mut g = Guarantees::new(BACKEND);
+    g.fencing = FencingGuarantee::Strict;
+    g.fair_fifo = true;
+    g.expiry_clock = ExpiryClock::Consensus;
+    g.survives_restart = true;
+    g.survives_failover = true;
+    g.wait = WaitMechanism::Watch;
+    g.min_ttl = MIN_TTL;
+    g.ttl_granularity = Duration::from_secs(1);
+    g.force_release = true;
+    g
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_rounds_up_to_whole_seconds() {
+        assert_eq!(ttl_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ttl_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ttl_secs(Duration::from_millis(2001)), 3);
+        let g = guarantees();
+        assert_eq!(
+            g.effective_ttl(Duration::from_millis(300)),
+            Duration::from_secs(2)
+        );
+        assert!(g.fair_fifo);
+    }
+}

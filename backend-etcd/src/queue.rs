@@ -1,0 +1,427 @@
+//! Key layout, ownership and the predecessor watch.
+//!
+//! # Layout (etcd's `clientv3/concurrency` Mutex)
+//! Lock `NAME` is the key prefix `{prefix}NAME/`. A client's claim is the
+//! key `{prefix}NAME/{lease id as lowercase hex}`, created only if absent
+//! and attached to the client's session lease; its value is the owner
+//! token (Go's Mutex writes an empty value; nobody reads it but polylock,
+//! which compares it on release). The claim with the lowest create
+//! revision holds the lock; the others queue in create-revision order,
+//! which is arrival order, so the queue is FIFO.
+//!
+//! # Names with '/'
+//! Names map to keys verbatim, so the prefix of `a` (`a/`) is also the
+//! start of the keys of `a/b` (`a/b/{lease}`). A claim is therefore only a
+//! key directly under the prefix whose rest is a lease id (1 to 16
+//! lowercase hex digits): polylock's `a` and `a/b` never see each other's
+//! claims. (Go's Mutex does not filter: a Go client locking `a` also waits
+//! for holders of `a/b`. That only makes it wait longer, never lets two in.)
+//!
+//! # Fencing
+//! The holder's create revision is its fencing token: etcd revisions are
+//! global, never reused, survive restarts and leader changes, and a later
+//! holder's claim was necessarily created after the earlier holder's.
+
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, GetResponse, KeyValue, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+};
+use lock_core::{LockError, LockName};
+
+use crate::conn::{Conn, Retry};
+use crate::errors::unexpected;
+
+/// How many claims one ranged read fetches before falling back to a full
+/// read (only needed when keys of longer names sort between the claims).
+const PAGE: i64 = 16;
+
+/// The key prefix of lock `name`: `{prefix}{name}/`.
+pub(crate) fn lock_prefix(prefix: &str, name: &LockName) -> String {
+    format!("{prefix}{name}/")
+}
+
+/// A claim key: `{prefix}{name}/{lease id in lowercase hex}`, exactly as
+/// Go's `fmt.Sprintf("%s/%x", pfx, leaseID)`.
+pub(crate) fn claim_key(lock_prefix: &str, lease_id: i64) -> String {
+    format!("{lock_prefix}{lease_id:x}")
+}
+
+/// The lease id a claim key ends with.
+pub(crate) fn lease_of_key(key: &str) -> Option<i64> {
+    let hex = key.rsplit('/').next()?;
+    if !is_lease_hex(hex.as_bytes()) {
+        return None;
+    }
+    i64::from_str_radix(hex, 16).ok()
+}
+
+fn is_lease_hex(s: &[u8]) -> bool {
+    (1..=16).contains(&s.len()) && s.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Whether `key` is a claim directly under `lock_prefix`.
+pub(crate) fn is_claim(lock_prefix: &str, key: &[u8]) -> bool {
+    key.strip_prefix(lock_prefix.as_bytes())
+        .is_some_and(is_lease_hex)
+}
+
+/// The range `[prefix "0", prefix "g")` holds every claim (lease ids are
+/// hex) and skips most keys of longer names.
+fn claim_range(lock_prefix: &str) -> (String, String) {
+    (format!("{lock_prefix}0"), format!("{lock_prefix}g"))
+}
+
+/// One claim as read from etcd.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Claim {
+    pub(crate) key: String,
+    pub(crate) create_rev: i64,
+    pub(crate) lease: i64,
+}
+
+impl Claim {
+    fn from_kv(kv: &KeyValue) -> Option<Claim> {
+        Some(Claim {
+            key: kv.key_str().ok()?.to_string(),
+            create_rev: kv.create_revision(),
+            lease: kv.lease(),
+        })
+    }
+}
+
+fn claims_options(lock_prefix: &str, order: SortOrder, limit: i64) -> (String, GetOptions) {
+    let (start, end) = claim_range(lock_prefix);
+    let opts = GetOptions::new()
+        .with_range(end)
+        .with_sort(SortTarget::Create, order)
+        .with_keys_only()
+        .with_limit(limit);
+    (start, opts)
+}
+
+/// The first claim in a sorted read, if the page shows it. `None` inside
+/// means the page had none and nothing more; an outer `None` that more
+/// keys need reading.
+fn first_in(lock_prefix: &str, r: &GetResponse) -> Option<Option<Claim>> {
+    match r.kvs().iter().find(|kv| is_claim(lock_prefix, kv.key())) {
+        Some(kv) => Some(Claim::from_kv(kv)),
+        None if r.more() => None,
+        None => Some(None),
+    }
+}
+
+/// The holder: the claim with the lowest create revision.
+///
+/// # Cancel safety
+/// Cancel safe: read only.
+pub(crate) async fn holder(conn: &Conn, lock_prefix: &str) -> Result<Option<Claim>, LockError> {
+    let (start, opts) = claims_options(lock_prefix, SortOrder::Ascend, PAGE);
+    let r = conn
+        .get("reading the lock holder", start, Some(opts))
+        .await?;
+    if let Some(found) = first_in(lock_prefix, &r) {
+        return Ok(found);
+    }
+    let (start, opts) = claims_options(lock_prefix, SortOrder::Ascend, 0);
+    let r = conn
+        .get("reading the lock holder", start, Some(opts))
+        .await?;
+    Ok(first_in(lock_prefix, &r).flatten())
+}
+
+/// The claim just before the one created at `my_rev` (the highest create
+/// revision below it), and the revision the read saw: a watch from the
+/// next revision misses no delete.
+///
+/// # Cancel safety
+/// Cancel safe: read only.
+pub(crate) async fn predecessor(
+    conn: &Conn,
+    lock_prefix: &str,
+    my_rev: i64,
+) -> Result<(Option<Claim>, i64), LockError> {
+    let what = "reading the claim ahead in the queue";
+    let mut limit = PAGE;
+    loop {
+        let (start, opts) = claims_options(lock_prefix, SortOrder::Descend, limit);
+        let r = conn
+            .get(what, start, Some(opts.with_max_create_revision(my_rev - 1)))
+            .await?;
+        let rev = header_revision(what, r.header())?;
+        match first_in(lock_prefix, &r) {
+            Some(found) => return Ok((found, rev)),
+            None => limit = 0,
+        }
+    }
+}
+
+/// Our own claim as it is now, if it exists.
+///
+/// # Cancel safety
+/// Cancel safe: read only.
+pub(crate) async fn claim_of(conn: &Conn, key: &str) -> Result<Option<Claim>, LockError> {
+    let r = conn
+        .get(
+            "checking the lock key",
+            key,
+            Some(GetOptions::new().with_keys_only()),
+        )
+        .await?;
+    Ok(r.kvs().first().and_then(Claim::from_kv))
+}
+
+/// What creating a claim found.
+#[derive(Debug)]
+pub(crate) struct Created {
+    /// The claim's create revision: its place in the queue and its fence.
+    pub(crate) rev: i64,
+    /// Whether it is the lowest claim, i.e. holds the lock.
+    pub(crate) first: bool,
+}
+
+/// Creates the claim `key` (value `owner`, attached to `lease`) only if
+/// absent, counting the keys of the claim range in the same transaction.
+/// Alone there, the claim holds the lock; otherwise one more read finds the
+/// holder.
+///
+/// A count, not a sorted read: etcd counts from its index, while any sort
+/// loads every key of the range from disk. Uncontended locks are the common
+/// case and pay nothing more than the create.
+///
+/// # Cancel safety
+/// Not cancel safe: a dropped create may have created the claim. Callers
+/// keep a cleanup armed around it (see the backend's queued guard).
+pub(crate) async fn create(
+    conn: &Conn,
+    lock_prefix: &str,
+    key: &str,
+    owner: &str,
+    lease: i64,
+) -> Result<Created, LockError> {
+    let what = "creating the lock key";
+    let (start, end) = claim_range(lock_prefix);
+    let count = GetOptions::new().with_range(end).with_count_only();
+    let txn = Txn::new()
+        .when(vec![Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then(vec![
+            TxnOp::put(
+                key,
+                owner,
+                Some(etcd_client::PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::get(start, Some(count)),
+        ])
+        .or_else(vec![TxnOp::get(key, None)]);
+    // Create-if-absent of our own key, answered with the key's state either
+    // way: sending it twice gives the same outcome.
+    let r = conn.txn(what, Retry::Any, txn).await?;
+    let ops = r.op_responses();
+    let (rev, alone) = if r.succeeded() {
+        // The put is the transaction's only write: the transaction's
+        // revision is the key's create revision.
+        let rev = header_revision(what, r.header())?;
+        let alone = matches!(ops.get(1), Some(TxnOpResponse::Get(g)) if g.count() == 1);
+        (rev, alone)
+    } else {
+        // The key exists. Only a create whose answer was lost (retried by
+        // the caller's loop) leaves our own value there; anything else is
+        // another process using our lease id, which cannot happen.
+        match ops.first() {
+            Some(TxnOpResponse::Get(g)) => match g.kvs().first() {
+                Some(kv) if kv.value() == owner.as_bytes() => (kv.create_revision(), false),
+                Some(_) => {
+                    return Err(unexpected(
+                        what,
+                        format!("`{key}` already exists with another owner"),
+                    ))
+                }
+                None => return Err(unexpected(what, "the key vanished within the transaction")),
+            },
+            _ => return Err(unexpected(what, "the transaction answered without the key")),
+        }
+    };
+    // Not alone: keys of longer names may share the range, so ask who holds.
+    let first = alone
+        || holder(conn, lock_prefix)
+            .await?
+            .is_some_and(|c| c.key == key && c.create_rev == rev);
+    Ok(Created { rev, first })
+}
+
+/// How a release went.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// Our claim was deleted.
+    Deleted,
+    /// Our claim was already gone, and nobody holds the lock.
+    AlreadyFree,
+    /// Our claim is gone (or was never ours) and someone else holds.
+    HeldByOther,
+}
+
+/// Deletes `key` if it is still our claim (same value and create revision).
+///
+/// # Cancel safety
+/// Cancel safe: the delete happened or not.
+pub(crate) async fn release(
+    conn: &Conn,
+    lock_prefix: &str,
+    key: &str,
+    owner: &str,
+    create_rev: i64,
+) -> Result<Released, LockError> {
+    let what = "releasing the lock";
+    let (start, opts) = claims_options(lock_prefix, SortOrder::Ascend, PAGE);
+    let txn = Txn::new()
+        .when(vec![
+            Compare::value(key, CompareOp::Equal, owner),
+            Compare::create_revision(key, CompareOp::Equal, create_rev),
+        ])
+        .and_then(vec![TxnOp::delete(key, None)])
+        .or_else(vec![
+            TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
+            TxnOp::get(start, Some(opts)),
+        ]);
+    // Not repeatable: a second try after a delete that happened would see
+    // the next holder and report Lost.
+    let r = conn.txn(what, Retry::NotSent, txn).await?;
+    if r.succeeded() {
+        return Ok(Released::Deleted);
+    }
+    let ops = r.op_responses();
+    let exists = matches!(ops.first(), Some(TxnOpResponse::Get(g)) if !g.kvs().is_empty());
+    if exists {
+        return Ok(Released::HeldByOther);
+    }
+    let head = match ops.get(1) {
+        Some(TxnOpResponse::Get(g)) => first_in(lock_prefix, g),
+        _ => {
+            return Err(unexpected(
+                what,
+                "the transaction answered without the queue head",
+            ))
+        }
+    };
+    let someone = match head {
+        Some(found) => found.is_some(),
+        None => holder(conn, lock_prefix).await?.is_some(),
+    };
+    Ok(if someone {
+        Released::HeldByOther
+    } else {
+        Released::AlreadyFree
+    })
+}
+
+/// Deletes `key` unconditionally; whether it existed. Only for a claim this
+/// client holds (see the backend's release for why that is safe).
+///
+/// # Cancel safety
+/// Cancel safe: the delete happened or not.
+pub(crate) async fn delete_own(conn: &Conn, key: &str) -> Result<bool, LockError> {
+    // Not repeated after an unclear failure: a second delete would find
+    // nothing and make a clean release look like a lost one.
+    Ok(conn
+        .delete("releasing the lock", Retry::NotSent, key)
+        .await?
+        > 0)
+}
+
+/// How waiting for a delete ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum WatchEnd {
+    /// The key was deleted.
+    Deleted,
+    /// The watch ended without telling (compaction, cancel, stream end):
+    /// read the queue again.
+    Recheck,
+}
+
+/// Waits until `key` is deleted, watching from `after_rev + 1` so that a
+/// delete between the read that found the key and the watch's creation is
+/// still seen. Runs until the delete or the stream's end; callers race it
+/// against their deadline.
+///
+/// # Cancel safety
+/// Cancel safe: dropping it closes the watch stream.
+pub(crate) async fn wait_deleted(
+    conn: &Conn,
+    key: &str,
+    after_rev: i64,
+) -> Result<WatchEnd, LockError> {
+    let opts = WatchOptions::new()
+        .with_start_revision(after_rev + 1)
+        .with_filters([WatchFilterType::NoPut]);
+    let mut stream = conn.watch(key, opts).await?;
+    loop {
+        match stream.message().await {
+            Ok(Some(r)) => {
+                if r.events()
+                    .iter()
+                    .any(|e| e.event_type() == EventType::Delete)
+                {
+                    return Ok(WatchEnd::Deleted);
+                }
+                if r.canceled() || r.compact_revision() != 0 {
+                    return Ok(WatchEnd::Recheck);
+                }
+            }
+            Ok(None) => return Ok(WatchEnd::Recheck),
+            Err(e) => return Err(crate::errors::from_etcd("watching the predecessor", e)),
+        }
+    }
+}
+
+fn header_revision(
+    what: &str,
+    header: Option<&etcd_client::ResponseHeader>,
+) -> Result<i64, LockError> {
+    header
+        .map(|h| h.revision())
+        .ok_or_else(|| unexpected(what.to_string(), "the answer has no header"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_matches_go_concurrency_mutex() {
+        let name = LockName::new("jobs/nightly").unwrap();
+        let pfx = lock_prefix("", &name);
+        assert_eq!(pfx, "jobs/nightly/");
+        // Go: fmt.Sprintf("%s%x", "jobs/nightly/", int64(0x694d7a1b2c3d4e5f))
+        assert_eq!(
+            claim_key(&pfx, 0x694d_7a1b_2c3d_4e5f),
+            "jobs/nightly/694d7a1b2c3d4e5f"
+        );
+        assert_eq!(claim_key(&pfx, 10), "jobs/nightly/a");
+        assert_eq!(
+            lease_of_key("jobs/nightly/694d7a1b2c3d4e5f"),
+            Some(0x694d_7a1b_2c3d_4e5f)
+        );
+        assert_eq!(lease_of_key("jobs/nightly/"), None);
+        assert_eq!(lease_of_key("jobs/nightly/XYZ"), None);
+        assert_eq!(
+            lock_prefix("app/", &LockName::new("ключ 🔒").unwrap()),
+            "app/ключ 🔒/"
+        );
+    }
+
+    #[test]
+    fn claims_of_longer_names_are_not_claims() {
+        let pfx = "a/";
+        assert!(is_claim(pfx, b"a/694d7a1b2c3d4e5f"));
+        assert!(is_claim(pfx, b"a/1"));
+        assert!(!is_claim(pfx, b"a/b/694d7a1b2c3d4e5f"), "a claim on a/b");
+        assert!(!is_claim(pfx, b"a/abc/1"), "a claim on a/abc");
+        assert!(!is_claim(pfx, b"a/"));
+        assert!(!is_claim(pfx, b"a/ABC"));
+        assert!(!is_claim(pfx, b"a/12345678901234567"), "longer than an i64");
+        assert!(!is_claim(pfx, b"ab/1"));
+        let (start, end) = claim_range(pfx);
+        for key in ["a/0", "a/9", "a/a", "a/f", "a/ffffffffffffffff"] {
+            assert!(key >= start.as_str() && key < end.as_str(), "{key}");
+        }
+    }
+}

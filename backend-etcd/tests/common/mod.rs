@@ -1,0 +1,197 @@
+//! Helpers shared by the integration tests: etcdctl as a second,
+//! independent lock client, and small utilities around the test kit.
+
+#![allow(dead_code)] // each test file uses a different subset
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backend_etcd::EtcdBackend;
+use lock_core::{LockGuard, Locker};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+use tokio::time::timeout;
+
+/// `etcd://127.0.0.1:P,...` from the kit's `http://` endpoints.
+pub(crate) fn url_of(endpoints: &[String]) -> String {
+    let hosts: Vec<&str> = endpoints
+        .iter()
+        .map(|e| e.trim_start_matches("http://"))
+        .collect();
+    format!("etcd://{}", hosts.join(","))
+}
+
+/// A client and a locker over it (sharing the client, so tests can look at
+/// its sessions).
+pub(crate) async fn client(url: &str) -> (EtcdBackend, Locker) {
+    let backend = EtcdBackend::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"));
+    let locker = Locker::new(backend.clone());
+    (backend, locker)
+}
+
+/// A unique lock name for one test.
+pub(crate) fn name(test: &str) -> String {
+    format!("itest-{:08x}/{test}", rand::random::<u32>())
+}
+
+/// `etcdctl` (v3 API) against `endpoints`, with a clean environment.
+pub(crate) fn etcdctl(endpoints: &[String]) -> Command {
+    let mut cmd = Command::new("etcdctl");
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", endpoints.join(",")))
+        .arg("--command-timeout=5s");
+    cmd
+}
+
+/// Runs etcdctl to completion and returns its stdout.
+pub(crate) async fn etcdctl_out(endpoints: &[String], args: &[&str]) -> String {
+    let out = timeout(
+        Duration::from_secs(20),
+        etcdctl(endpoints).args(args).stdin(Stdio::null()).output(),
+    )
+    .await
+    .expect("etcdctl finished")
+    .expect("etcdctl ran");
+    assert!(
+        out.status.success(),
+        "etcdctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `etcdctl lock NAME`: a Go `concurrency.Mutex` holder that prints its key
+/// once it holds the lock, and unlocks on SIGINT.
+pub(crate) struct EtcdctlLock {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+    /// The key it holds, once it printed it.
+    pub(crate) key: Option<String>,
+}
+
+impl EtcdctlLock {
+    /// Starts `etcdctl lock NAME` (it queues at once).
+    pub(crate) fn spawn(endpoints: &[String], name: &str) -> EtcdctlLock {
+        let mut child = etcdctl(endpoints)
+            .args(["lock", name])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn etcdctl lock");
+        let stdout = child.stdout.take().expect("piped stdout");
+        EtcdctlLock {
+            child,
+            lines: BufReader::new(stdout).lines(),
+            key: None,
+        }
+    }
+
+    /// Waits up to `limit` for etcdctl to print the key it holds.
+    pub(crate) async fn held_within(&mut self, limit: Duration) -> bool {
+        if self.key.is_some() {
+            return true;
+        }
+        match timeout(limit, self.lines.next_line()).await {
+            Ok(Ok(Some(line))) => {
+                self.key = Some(line.trim().to_string());
+                true
+            }
+            Ok(other) => panic!("etcdctl lock ended without holding: {other:?}"),
+            Err(_) => false,
+        }
+    }
+
+    /// SIGINT: etcdctl unlocks (deletes its key) and exits.
+    pub(crate) async fn release(mut self) {
+        let pid = self.child.id().expect("etcdctl runs") as i32;
+        kill(Pid::from_raw(pid), Signal::SIGINT).expect("SIGINT etcdctl");
+        let status = timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .expect("etcdctl exits after SIGINT")
+            .expect("wait etcdctl");
+        assert!(status.success(), "etcdctl lock exited with {status}");
+    }
+}
+
+/// The index of the leader among `endpoints`, asking each member.
+pub(crate) async fn leader_index(endpoints: &[String]) -> usize {
+    for _ in 0..100 {
+        let mut leader = None;
+        let mut ids = Vec::new();
+        for ep in endpoints {
+            let status = async {
+                let mut c = etcd_client::Client::connect([ep.as_str()], None)
+                    .await
+                    .ok()?;
+                timeout(Duration::from_secs(1), c.status()).await.ok()?.ok()
+            }
+            .await;
+            match status {
+                Some(s) => {
+                    leader = Some(s.leader());
+                    ids.push(s.header().map(|h| h.member_id()));
+                }
+                None => ids.push(None),
+            }
+        }
+        if let Some(l) = leader.filter(|&l| l != 0) {
+            if let Some(i) = ids.iter().position(|id| *id == Some(l)) {
+                return i;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no leader among {endpoints:?}");
+}
+
+/// Waits until `n` claims are queued on lock `name` (read with a plain
+/// etcd client), so a test knows a waiter is in line before the next one.
+pub(crate) async fn wait_claims(endpoints: &[String], name: &str, n: usize) {
+    let mut c = etcd_client::Client::connect(endpoints, None)
+        .await
+        .expect("etcd client");
+    let prefix = format!("{name}/");
+    let opts = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_count_only();
+    for _ in 0..200 {
+        let count = c
+            .get(prefix.as_str(), Some(opts.clone()))
+            .await
+            .expect("count")
+            .count();
+        if count as usize == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("{name}: never saw {n} claims");
+}
+
+/// Acquires `name` with `ttl`, no wait.
+pub(crate) async fn hold(locker: &Locker, name: &str, ttl: Duration) -> LockGuard {
+    locker
+        .lock(name)
+        .ttl(ttl)
+        .try_acquire()
+        .await
+        .unwrap_or_else(|e| panic!("acquire {name}: {e}"))
+        .unwrap_or_else(|| panic!("{name} is held"))
+}
+
+/// Keepalives sent by all sessions of `backend`.
+pub(crate) fn keepalives(backend: &EtcdBackend) -> u64 {
+    backend.sessions().iter().map(|s| s.keepalives_sent).sum()
+}
+
+/// Shares a guard between tasks.
+pub(crate) type Shared<T> = Arc<tokio::sync::Mutex<T>>;

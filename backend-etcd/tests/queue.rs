@@ -1,0 +1,131 @@
+//! The queue: FIFO over many waiters, a cancelled waiter in the middle,
+//! a waiter behind a holder that stops renewing.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{client, name, url_of, wait_claims};
+use testkit::EtcdServer;
+use tokio::time::{sleep, timeout, Instant};
+
+fn server() -> (EtcdServer, Vec<String>, String) {
+    let server = EtcdServer::start().expect("etcd starts");
+    let endpoints = vec![server.endpoint()];
+    let url = url_of(&endpoints);
+    (server, endpoints, url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_waiters_get_the_lock_in_queue_order() {
+    let (_server, endpoints, url) = server();
+    let lock = name("fifo8");
+    let (_h, holder) = client(&url).await;
+    let guard = holder.lock(&lock).acquire().await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let (_b, locker) = client(&url).await;
+        let (name, order) = (lock.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = locker
+                .lock(&name)
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await
+                .unwrap();
+            order.lock().unwrap().push(i);
+            g.release().await.unwrap();
+        }));
+        wait_claims(&endpoints, &lock, i + 2).await;
+    }
+    guard.release().await.unwrap();
+    for t in tasks {
+        timeout(Duration::from_secs(30), t).await.unwrap().unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..8).collect::<Vec<_>>());
+}
+
+/// Waiter 3 watches waiter 2; when 2 gives up, 3 finds waiter 1 ahead and
+/// watches it instead, and still comes after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waiter_in_the_middle_is_skipped() {
+    let (_server, endpoints, url) = server();
+    let lock = name("middle");
+    let (_h, holder) = client(&url).await;
+    let guard = holder.lock(&lock).acquire().await.unwrap();
+    let waiter = |i: usize| {
+        let (url, lock) = (url.clone(), lock.clone());
+        async move {
+            let (_b, locker) = client(&url).await;
+            let g = locker
+                .lock(&lock)
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await
+                .unwrap();
+            (i, Instant::now(), g)
+        }
+    };
+    let w1 = tokio::spawn(waiter(1));
+    wait_claims(&endpoints, &lock, 2).await;
+    let w2 = tokio::spawn(waiter(2));
+    wait_claims(&endpoints, &lock, 3).await;
+    let w3 = tokio::spawn(waiter(3));
+    wait_claims(&endpoints, &lock, 4).await;
+    w2.abort();
+    assert!(w2.await.unwrap_err().is_cancelled());
+    wait_claims(&endpoints, &lock, 3).await; // its claim left the queue
+    sleep(Duration::from_millis(300)).await;
+    assert!(!w1.is_finished() && !w3.is_finished());
+
+    guard.release().await.unwrap();
+    let (_, t1, g1) = timeout(Duration::from_secs(5), w1).await.unwrap().unwrap();
+    sleep(Duration::from_millis(300)).await;
+    assert!(!w3.is_finished(), "waiter 3 passed waiter 1");
+    let released = Instant::now();
+    g1.release().await.unwrap();
+    let (_, t3, g3) = timeout(Duration::from_secs(5), w3).await.unwrap().unwrap();
+    assert!(t3 > t1 && t3 >= released);
+    assert!(
+        t3 - released < Duration::from_secs(2),
+        "hand-off {:?}",
+        t3 - released
+    );
+    g3.release().await.unwrap();
+}
+
+/// The holder stops renewing: its session deletes the claim at the TTL, and
+/// the waiter watching that claim gets the lock right then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_an_abandoned_lock_gets_it_at_the_ttl() {
+    let (_server, _endpoints, url) = server();
+    let lock = name("abandoned");
+    let ttl = Duration::from_secs(2);
+    let (_h, holder) = client(&url).await;
+    let (_w, waiter) = client(&url).await;
+    let abandoned = holder
+        .lock(&lock)
+        .ttl(ttl)
+        .auto_renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let granted = abandoned.lease().sent_at();
+    let g = waiter
+        .lock(&lock)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    let after = granted.elapsed();
+    assert!(after >= ttl.mul_f64(0.9), "taken over after {after:?}");
+    assert!(
+        after < ttl + Duration::from_millis(700),
+        "taken over after {after:?}"
+    );
+    assert!(!abandoned.is_held());
+    assert!(g.fence() > abandoned.fence());
+    g.release().await.unwrap();
+}

@@ -1,0 +1,398 @@
+//! Sessions: one lease per client and TTL, renewal cost flat in the number
+//! of held locks, loss when etcd revokes the lease, fenced writes,
+//! connection and credential errors.
+
+mod common;
+
+use std::time::Duration;
+
+use backend_etcd::{fenced_put, EtcdBackend};
+use common::{client, etcdctl_out, hold, keepalives, name, url_of};
+use lock_core::{LockBackend, LockError};
+use testkit::EtcdServer;
+use tokio::time::{sleep, timeout, Instant};
+
+fn server() -> (EtcdServer, Vec<String>, String) {
+    let server = EtcdServer::start().expect("etcd starts");
+    let endpoints = vec![server.endpoint()];
+    let url = url_of(&endpoints);
+    (server, endpoints, url)
+}
+
+/// 1,000 locks on one client ride on one lease: as many keepalives per
+/// second as a client holding one lock, and `etcdctl lease list` shows one
+/// lease per client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_locks_share_one_session_and_its_keepalives() {
+    let (_server, endpoints, url) = server();
+    let ttl = Duration::from_secs(3);
+    let (many_backend, many) = client(&url).await;
+    let (one_backend, one) = client(&url).await;
+    let base = name("thousand");
+
+    let single = hold(&one, &format!("{base}/single"), ttl).await;
+    let mut guards = Vec::new();
+    for chunk in (0..1000).collect::<Vec<_>>().chunks(100) {
+        let batch = chunk.iter().map(|i| {
+            let (many, base) = (many.clone(), base.clone());
+            async move { hold(&many, &format!("{base}/{i}"), ttl).await }
+        });
+        guards.extend(futures::future::join_all(batch).await);
+    }
+    let sessions = many_backend.sessions();
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    assert_eq!(sessions[0].held, 1000);
+    assert_eq!(sessions[0].ttl, ttl);
+    let leases = etcdctl_out(&endpoints, &["lease", "list"]).await;
+    assert!(leases.starts_with("found 2 leases"), "{leases}");
+
+    // Let every watchdog renew a few times, and count keepalives meanwhile.
+    let (many_before, one_before) = (keepalives(&many_backend), keepalives(&one_backend));
+    let window = ttl * 3;
+    sleep(window).await;
+    let many_sent = keepalives(&many_backend) - many_before;
+    let one_sent = keepalives(&one_backend) - one_before;
+    println!(
+        "keepalives in {window:?}: 1,000 locks {many_sent} ({:.2}/s), 1 lock {one_sent} ({:.2}/s)",
+        many_sent as f64 / window.as_secs_f64(),
+        one_sent as f64 / window.as_secs_f64()
+    );
+    // A keepalive every TTL/3: about 9 in three TTLs, a few more if
+    // watchdogs nudged one early. Never one per lock.
+    assert!(
+        (6..=20).contains(&many_sent),
+        "1,000 locks: {many_sent} keepalives"
+    );
+    assert!(
+        (6..=20).contains(&one_sent),
+        "1 lock: {one_sent} keepalives"
+    );
+    assert!(many_sent <= one_sent * 2 + 2, "{many_sent} vs {one_sent}");
+    assert!(guards.iter().all(|g| g.is_held()), "a lock was lost");
+    assert!(single.is_held());
+
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    single.release().await.unwrap();
+    assert_eq!(many_backend.sessions()[0].held, 0);
+}
+
+/// A lock is held on the TTL etcd grants, in whole seconds, and each TTL
+/// has its own session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttls_are_granted_in_whole_seconds_one_session_each() {
+    let (_server, _endpoints, url) = server();
+    let (backend, locker) = client(&url).await;
+    let base = name("ttls");
+    let short = hold(&locker, &format!("{base}/a"), Duration::from_millis(300)).await;
+    assert_eq!(
+        short.lease().ttl(),
+        Duration::from_secs(2),
+        "etcd's minimum"
+    );
+    let odd = hold(&locker, &format!("{base}/b"), Duration::from_millis(2500)).await;
+    assert_eq!(odd.lease().ttl(), Duration::from_secs(3));
+    let same = hold(&locker, &format!("{base}/c"), Duration::from_secs(3)).await;
+    let mut ttls: Vec<_> = backend.sessions().iter().map(|s| s.ttl).collect();
+    ttls.sort();
+    assert_eq!(ttls, [Duration::from_secs(2), Duration::from_secs(3)]);
+    let key = |g: &lock_core::LockGuard| {
+        g.lease()
+            .backend_key()
+            .unwrap()
+            .rsplit('/')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(key(&odd), key(&same), "one lease for one TTL");
+    assert_ne!(key(&short), key(&odd));
+    for g in [short, odd, same] {
+        g.release().await.unwrap();
+    }
+}
+
+/// Revoking the session lease behind the client's back deletes every key
+/// on it: every lock on it reports lost, and later locks use a new session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_session_loses_all_its_locks_and_a_new_one_starts() {
+    let (_server, endpoints, url) = server();
+    let (backend, locker) = client(&url).await;
+    let base = name("revoked");
+    let ttl = Duration::from_secs(3);
+    let guards = vec![
+        hold(&locker, &format!("{base}/1"), ttl).await,
+        hold(&locker, &format!("{base}/2"), ttl).await,
+        hold(&locker, &format!("{base}/3"), ttl).await,
+    ];
+    let lease = backend.sessions()[0].lease_id;
+    etcdctl_out(&endpoints, &["lease", "revoke", &format!("{lease:x}")]).await;
+    let revoked_at = Instant::now();
+    for g in &guards {
+        timeout(ttl, g.lost())
+            .await
+            .expect("lost() after the revoke");
+        assert!(!g.is_held());
+    }
+    println!("lost {:?} after the revoke", revoked_at.elapsed());
+    for g in guards {
+        assert!(g.release().await.is_err_and(|e| e.is_lost()));
+    }
+    let again = hold(&locker, &format!("{base}/1"), ttl).await;
+    let sessions = backend.sessions();
+    assert_eq!(sessions.len(), 1);
+    assert_ne!(sessions[0].lease_id, lease, "a new session");
+    again.release().await.unwrap();
+}
+
+/// `renew` of a raw lease reports a newer keepalive and keeps the lock
+/// past its first TTL; never touching the lock lets the session delete it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_reports_the_session_keepalive() {
+    let (_server, _endpoints, url) = server();
+    let (backend, _locker) = client(&url).await;
+    let lock = name("renew");
+    let req = lock_core::AcquireRequest::new(
+        lock_core::LockName::new(&lock).unwrap(),
+        lock_core::OwnerToken::random(),
+        Duration::from_secs(2),
+        Duration::ZERO,
+    )
+    .unwrap();
+    let lease = backend.try_acquire(&req).await.unwrap().expect("free");
+    let before = keepalives(&backend);
+    let renewed = backend.renew(&lease).await.unwrap();
+    assert!(renewed.sent_at() > lease.sent_at(), "renew moved forward");
+    assert_eq!(renewed.fence(), lease.fence());
+    assert!(keepalives(&backend) - before <= 1, "one keepalive at most");
+    // Immediately again: waits for (at most) one more keepalive.
+    let again = backend.renew(&renewed).await.unwrap();
+    assert!(again.sent_at() > renewed.sent_at());
+    backend.release(&again).await.unwrap();
+    assert!(backend.renew(&again).await.is_err_and(|e| e.is_lost()));
+}
+
+/// `fenced_put` writes only while the lease's claim exists; a holder that
+/// lost the lock cannot write any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_put_refuses_a_stale_holder() {
+    let (_server, endpoints, url) = server();
+    let (a_backend, a) = client(&url).await;
+    let (b_backend, b) = client(&url).await;
+    let lock = name("fenced");
+    let data = format!("{lock}-data");
+    let ttl = Duration::from_secs(2);
+    let first = a
+        .lock(&lock)
+        .ttl(ttl)
+        .auto_renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let stale = first.lease();
+    fenced_put(&a_backend, &stale, data.clone(), "from a")
+        .await
+        .unwrap();
+    // a stops renewing; the session deletes its claim at the TTL, b takes over.
+    let second = b
+        .lock(&lock)
+        .ttl(ttl)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(second.fence() > first.fence());
+    fenced_put(&b_backend, &second.lease(), data.clone(), "from b")
+        .await
+        .unwrap();
+    let r = fenced_put(&a_backend, &stale, data.clone(), "stale a").await;
+    assert!(matches!(r, Err(LockError::Lost { .. })), "{r:?}");
+    let value = etcdctl_out(&endpoints, &["get", "--print-value-only", &data]).await;
+    assert_eq!(value.trim(), "from b");
+    let second_lease = second.lease();
+    second.release().await.unwrap();
+    let r = fenced_put(&b_backend, &second_lease, data, "after release").await;
+    assert!(matches!(r, Err(LockError::Lost { .. })), "{r:?}");
+    drop(first);
+}
+
+/// The session outlives its locks while the client lives; dropping the
+/// client revokes it, so its keys go at once instead of after the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_client_revokes_its_session() {
+    let (_server, endpoints, url) = server();
+    let (backend, locker) = client(&url).await;
+    let g = hold(&locker, &name("drop"), Duration::from_secs(30)).await;
+    drop(g);
+    sleep(Duration::from_millis(200)).await;
+    assert_eq!(backend.sessions().len(), 1, "the session outlives one lock");
+    drop(locker);
+    drop(backend);
+    let mut leases = String::new();
+    for _ in 0..50 {
+        leases = etcdctl_out(&endpoints, &["lease", "list"]).await;
+        if leases.starts_with("found 0 leases") {
+            return;
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the session lease was not revoked: {leases}");
+}
+
+/// Nothing listens: the error names the endpoint, is retryable, and comes
+/// within the connect timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_endpoint_is_a_clear_error_in_time() {
+    let port = testkit::free_port();
+    let started = Instant::now();
+    let r = EtcdBackend::connect(&format!("etcd://127.0.0.1:{port}?connect_timeout=1s")).await;
+    let took = started.elapsed();
+    let e = r.expect_err("nothing listens");
+    assert!(e.is_retryable(), "{e}");
+    assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+
+    // A listener that accepts and never answers: the probe times out.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let started = Instant::now();
+    let r = EtcdBackend::connect(&format!("etcd://{addr}?connect_timeout=1s")).await;
+    let e = r.expect_err("nobody answers");
+    assert!(e.is_retryable(), "{e}");
+    assert!(e.to_string().contains(&addr.to_string()), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+/// user:password auth: the right password works (also for a user limited to
+/// a prefix), a wrong one is a permanent error that never shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_password_auth() {
+    let (_server, endpoints, url) = server();
+    let host = url.trim_start_matches("etcd://");
+    etcdctl_out(
+        &endpoints,
+        &["user", "add", "root:r00tpw", "--interactive=false"],
+    )
+    .await;
+    etcdctl_out(&endpoints, &["user", "grant-role", "root", "root"]).await;
+    etcdctl_out(
+        &endpoints,
+        &["user", "add", "app:s3cr%t@pw", "--interactive=false"],
+    )
+    .await;
+    etcdctl_out(&endpoints, &["role", "add", "locker"]).await;
+    etcdctl_out(
+        &endpoints,
+        &[
+            "role",
+            "grant-permission",
+            "locker",
+            "readwrite",
+            "--prefix=true",
+            "applocks/",
+        ],
+    )
+    .await;
+    etcdctl_out(&endpoints, &["user", "grant-role", "app", "locker"]).await;
+    etcdctl_out(&endpoints, &["auth", "enable"]).await;
+
+    let (_root, root) = client(&format!("etcd://root:r00tpw@{host}")).await;
+    root.lock(name("auth"))
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    // '%' and '@' in the password are percent-encoded in the URL.
+    let app_url = format!("etcd://app:s3cr%25t%40pw@{host}?prefix=applocks/");
+    let (_app, app) = client(&app_url).await;
+    let g = app.lock(name("auth")).acquire().await.unwrap();
+    assert!(g.lease().backend_key().unwrap().starts_with("applocks/"));
+    g.release().await.unwrap();
+    // Outside its prefix the user has no permission: permanent.
+    let (_app2, outside) = client(&format!("etcd://app:s3cr%25t%40pw@{host}")).await;
+    let e = outside
+        .lock(name("auth"))
+        .acquire()
+        .await
+        .expect_err("no permission");
+    assert!(!e.is_retryable(), "{e}");
+    assert!(e.to_string().contains("ermission"), "{e}");
+
+    let e = EtcdBackend::connect(&format!("etcd://app:wrong-pw@{host}"))
+        .await
+        .expect_err("wrong password");
+    let msg = e.to_string();
+    assert!(!e.is_retryable(), "{msg}");
+    assert!(msg.contains("authentication failed"), "{msg}");
+    assert!(
+        !msg.contains("wrong-pw") && !format!("{e:?}").contains("wrong-pw"),
+        "{msg}"
+    );
+    let dbg = format!("{:?}", EtcdBackend::connect(&app_url).await.unwrap());
+    assert!(!dbg.contains("s3cr"), "{dbg}");
+}
+
+/// A session with no locks and no acquisition for a while (30 s, or two
+/// TTLs if longer) closes and revokes its lease: sessions are per TTL, and
+/// TTLs used once must not keep keepalive streams forever. The next lock
+/// starts a new session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_session_closes_and_the_next_lock_starts_a_new_one() {
+    let (_server, endpoints, url) = server();
+    let (backend, locker) = client(&url).await;
+    let lock = name("idle");
+    let ttl = Duration::from_secs(2);
+    hold(&locker, &lock, ttl).await.release().await.unwrap();
+    let first = backend.sessions()[0].lease_id;
+    sleep(Duration::from_secs(20)).await;
+    assert_eq!(backend.sessions().len(), 1, "closed too early");
+    sleep(Duration::from_secs(11)).await;
+    assert!(backend.sessions().is_empty(), "{:?}", backend.sessions());
+    let leases = etcdctl_out(&endpoints, &["lease", "list"]).await;
+    assert!(leases.starts_with("found 0 leases"), "{leases}");
+    let g = hold(&locker, &lock, ttl).await;
+    assert_ne!(backend.sessions()[0].lease_id, first);
+    g.release().await.unwrap();
+}
+
+/// A forged lease (another owner, the real key and fence) presented to the
+/// holder's own client is refused and leaves the real holding intact, on
+/// the server and in the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_lease_on_the_holders_own_client_changes_nothing() {
+    let (_server, _endpoints, url) = server();
+    let (backend, _locker) = client(&url).await;
+    let req = lock_core::AcquireRequest::new(
+        lock_core::LockName::new(name("forged")).unwrap(),
+        lock_core::OwnerToken::random(),
+        Duration::from_secs(5),
+        Duration::ZERO,
+    )
+    .unwrap();
+    let real = backend.try_acquire(&req).await.unwrap().expect("free");
+    let forged = lock_core::Lease::new(
+        real.name().clone(),
+        lock_core::OwnerToken::random(),
+        real.fence(),
+        real.ttl(),
+        Instant::now(),
+        real.policy(),
+    )
+    .with_backend_key(real.backend_key().unwrap());
+    assert!(backend.release(&forged).await.is_err_and(|e| e.is_lost()));
+    assert!(backend.renew(&forged).await.is_err_and(|e| e.is_lost()));
+    assert_eq!(backend.sessions()[0].held, 1);
+    let renewed = backend.renew(&real).await.expect("the real holder renews");
+    let info = backend.inspect(real.name()).await.unwrap().expect("held");
+    assert_eq!(info.fence, Some(real.fence()));
+    backend.release(&renewed).await.unwrap();
+    assert_eq!(backend.sessions()[0].held, 0);
+}
