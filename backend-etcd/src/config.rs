@@ -39,6 +39,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use lock_core::options::positive_duration;
 use lock_core::{redact_url, LockError};
 use percent_encoding::percent_decode_str;
 
@@ -201,8 +202,8 @@ impl EtcdConfig {
                     ca = Some(PathBuf::from(value));
                     tls = true;
                 }
-                "connect_timeout" => connect_timeout = positive(&value).map_err(opt)?,
-                "op_timeout" => op_timeout = positive(&value).map_err(opt)?,
+                "connect_timeout" => connect_timeout = positive_duration(&value).map_err(opt)?,
+                "op_timeout" => op_timeout = positive_duration(&value).map_err(opt)?,
                 other => {
                     return Err(bad(format!(
                         "unknown option `{other}` (known: prefix, tls, ca, connect_timeout, \
@@ -318,39 +319,6 @@ fn decode(s: &str) -> Result<String, String> {
         .decode_utf8()
         .map(|c| c.into_owned())
         .map_err(|_| "is not valid UTF-8 once percent-decoded".to_string())
-}
-
-fn positive(s: &str) -> Result<Duration, String> {
-    let d = parse_duration(s)?;
-    if d.is_zero() {
-        return Err("must be above zero".into());
-    }
-    Ok(d)
-}
-
-/// `250ms`, `2s`, `1m`, `500us`, or a bare number of milliseconds.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration (try 250ms, 2s, 1m)"))?;
-    let d = match unit.trim() {
-        "" | "ms" => Duration::from_millis(n),
-        "us" | "µs" => Duration::from_micros(n),
-        "s" => Duration::from_secs(n),
-        "m" | "min" => Duration::from_secs(n.saturating_mul(60)),
-        other => {
-            return Err(format!(
-                "unknown unit `{other}` in `{s}` (use us, ms, s, m)"
-            ))
-        }
-    };
-    if d > Duration::from_secs(24 * 3600) {
-        return Err(format!("`{s}` is longer than a day"));
-    }
-    Ok(d)
 }
 
 #[cfg(test)]

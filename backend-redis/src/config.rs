@@ -11,11 +11,14 @@
 //! - `prefix=TEXT`: prepended to every key and channel of the `plain` format;
 //!   default `polylock:`. No braces (they would change Redis Cluster hash
 //!   tags). Not allowed with `format=redisson`, whose keys are the lock name.
-//! - `wait_replicas=N&wait_timeout=MS`: after each acquire, `WAIT N MS`; an
+//! - `wait_replicas=N&wait_timeout=DURATION`: after each acquire, `WAIT N MS`; an
 //!   acquire that fewer than N replicas acknowledged in time is undone and
 //!   reported as a retryable error. Off by default.
-//! - `timeout=MS`: how long one command may go unanswered before the
-//!   connection is considered dead and replaced; default 2000.
+//! - `timeout=DURATION`: how long one command may go unanswered before the
+//!   connection is considered dead and replaced; default 2s.
+//!
+//! Durations read as everywhere in polylock (`lock_core::options`): `250ms`,
+//! `2s`, `1m`, or a bare number of milliseconds.
 //! - `tls_ca=PATH` (`rediss://` only): a PEM file of the CA certificates to
 //!   trust instead of the system's.
 
@@ -23,6 +26,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use lock_core::options::positive_duration;
 use lock_core::{redact_url, LockError};
 
 /// How a lock is stored in Redis.
@@ -267,10 +271,10 @@ impl RedisConfig {
                     cfg.wait_replicas = (n > 0).then_some(n);
                 }
                 "wait_timeout" => {
-                    cfg.wait_timeout = millis(&value, "wait_timeout").map_err(bad)?;
+                    cfg.wait_timeout = positive_duration(&value).map_err(bad)?;
                     wait_timeout_given = true;
                 }
-                "timeout" => cfg.timeout = millis(&value, "timeout").map_err(bad)?,
+                "timeout" => cfg.timeout = positive_duration(&value).map_err(bad)?,
                 "tls_ca" => {
                     if !tls {
                         return Err(bad("tls_ca needs the rediss:// scheme".into()));
@@ -390,15 +394,6 @@ fn parse_node(host: &str) -> Result<Node, String> {
     Ok(Node { host: name, port })
 }
 
-fn millis(value: &str, what: &str) -> Result<Duration, String> {
-    match value.parse::<u64>() {
-        Ok(ms) if ms > 0 && ms <= 3_600_000 => Ok(Duration::from_millis(ms)),
-        _ => Err(format!(
-            "{what} is a number of milliseconds from 1 to 3600000, not `{value}`"
-        )),
-    }
-}
-
 fn decode(s: &str) -> Result<String, ()> {
     percent_encoding::percent_decode_str(s)
         .decode_utf8()
@@ -469,7 +464,8 @@ mod tests {
         assert!(err("redis://h?prefix={a}").contains("must not contain"));
         assert!(err("redis://h?format=redisson&prefix=a").contains("redisson"));
         assert!(err("redis://h?wait_timeout=5").contains("wait_replicas"));
-        assert!(err("redis://h?timeout=0").contains("milliseconds"));
+        assert!(err("redis://h?timeout=0").contains("above zero"));
+        assert!(err("redis://h?timeout=2h").contains("unknown unit"));
         assert!(err("redis://h?tls_ca=/x").contains("rediss"));
         assert!(err("redis://h?timeout=1&timeout=2").contains("twice"));
         assert!(err("http://h").contains("unknown scheme"));

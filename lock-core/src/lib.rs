@@ -33,6 +33,7 @@ mod locker;
 mod memory;
 mod name;
 mod observe;
+pub mod options;
 mod owner;
 mod redact;
 mod token;
