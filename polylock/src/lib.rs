@@ -20,10 +20,12 @@ use std::sync::Arc;
 
 pub use lock_core::*;
 
+mod guarantees;
 #[cfg(feature = "memory")]
 mod memory;
 mod registry;
 
+pub use guarantees::{declared_guarantees, guarantees_table};
 pub use registry::available_schemes;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;

@@ -68,6 +68,8 @@ enum Command {
         /// Lock name.
         name: String,
     },
+    /// Print what each backend in this build guarantees, as a Markdown table.
+    Guarantees,
     /// UNSAFE: remove a lock whoever holds it. A live holder keeps running
     /// without knowing; only for holders you know are dead.
     Release {
@@ -168,6 +170,10 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         } => {
             let locker: Locker = connect().await?;
             run::run(&locker, &name, ttl, wait, grace, &command).await
+        }
+        Command::Guarantees => {
+            print!("{}", polylock::guarantees_table());
+            Ok(0)
         }
         Command::Status { name } => admin::status(&connect().await?, &name).await,
         Command::Release { name, force } => {

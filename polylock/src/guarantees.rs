@@ -1,0 +1,95 @@
+//! The promises of every backend in this build, as one table.
+
+use std::time::Duration;
+
+use lock_core::{ExpiryClock, FencingGuarantee, Guarantees, WaitMechanism};
+
+/// What each backend compiled into this build declares it guarantees, in a
+/// stable order. These are the claims the conformance suite selects cases
+/// by (and the fault suite is there to check).
+pub fn declared_guarantees() -> Vec<Guarantees> {
+    #[allow(unused_mut)]
+    let mut all = Vec::new();
+    #[cfg(feature = "memory")]
+    all.push(lock_core::LockBackend::guarantees(
+        &lock_core::MemoryBackend::new(),
+    ));
+    #[cfg(feature = "sql")]
+    all.extend(
+        [
+            backend_sql::Dialect::Sqlite,
+            backend_sql::Dialect::Postgres,
+            backend_sql::Dialect::MySql,
+        ]
+        .map(backend_sql::guarantees),
+    );
+    #[cfg(feature = "redis")]
+    all.push(backend_redis::guarantees());
+    #[cfg(feature = "etcd")]
+    all.push(backend_etcd::guarantees());
+    all
+}
+
+/// [`declared_guarantees`] as a Markdown table (what `polylock guarantees`
+/// prints and docs/guarantees.md holds).
+pub fn guarantees_table() -> String {
+    let mut out = String::from(
+        "| backend | fencing tokens | FIFO waiters | lease expiry judged by | survives server restart | survives failover | waiters wake by | smallest TTL / step | force release |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    for g in declared_guarantees() {
+        let fencing = match g.fencing {
+            FencingGuarantee::Strict => "strictly increasing".to_string(),
+            FencingGuarantee::UnlessDataLoss(why) => {
+                format!("increasing unless data is lost: {why}")
+            }
+            _ => "see backend docs".to_string(),
+        };
+        let clock = match g.expiry_clock {
+            ExpiryClock::Server => "the server's clock",
+            ExpiryClock::Consensus => "the consensus leader's lease timer",
+            ExpiryClock::Local => "this process's clock",
+            _ => "see backend docs",
+        };
+        let wait = match g.wait {
+            WaitMechanism::InProcess => "in-process notification",
+            WaitMechanism::PubSub => "pub/sub message",
+            WaitMechanism::Watch => "watch on the predecessor",
+            WaitMechanism::Notify => "LISTEN/NOTIFY",
+            WaitMechanism::Poll => "polling with jittered backoff",
+            _ => "see backend docs",
+        };
+        out += &format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} / {} | {} |\n",
+            g.backend,
+            fencing.replace('|', "\\|"),
+            yes(g.fair_fifo),
+            clock,
+            yes(g.survives_restart),
+            yes(g.survives_failover),
+            wait,
+            human(g.min_ttl),
+            human(g.ttl_granularity),
+            yes(g.force_release),
+        );
+    }
+    out
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+fn human(d: Duration) -> String {
+    if d >= Duration::from_secs(1) && d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else if d >= Duration::from_millis(1) && d.subsec_nanos().is_multiple_of(1_000_000) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{}µs", d.as_micros())
+    }
+}
