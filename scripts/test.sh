@@ -7,4 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
-cargo test --workspace --locked "$@"
+cargo test --workspace --locked --no-fail-fast "$@"
