@@ -6,16 +6,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{client, etcdctl, etcdctl_out, name, url_of, wait_claims, EtcdctlLock};
-use testkit::EtcdServer;
+use common::{
+    acquire_waiting, client, etcdctl, etcdctl_out, name, server, spawn_waiter, wait_claims,
+    EtcdctlLock,
+};
 use tokio::time::{sleep, timeout, Instant};
-
-fn server() -> (EtcdServer, Vec<String>, String) {
-    let server = EtcdServer::start().expect("etcd starts");
-    let endpoints = vec![server.endpoint()];
-    let url = url_of(&endpoints);
-    (server, endpoints, url)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_etcdctl_holds_polylock_waits_then_gets_it() {
@@ -47,10 +42,7 @@ async fn while_etcdctl_holds_polylock_waits_then_gets_it() {
     let waiter = tokio::spawn({
         let (locker, lock) = (locker.clone(), lock.clone());
         async move {
-            let g = locker
-                .lock(&lock)
-                .wait(Duration::from_secs(30))
-                .acquire()
+            let g = acquire_waiting(&locker, &lock, Duration::from_secs(30))
                 .await
                 .expect("polylock acquires after etcdctl");
             (Instant::now(), g)
@@ -100,10 +92,7 @@ async fn while_polylock_holds_etcdctl_waits_then_gets_it() {
     // And back: polylock queues behind etcdctl again.
     assert!(locker.lock(&lock).try_acquire().await.unwrap().is_none());
     go.release().await;
-    let again = locker
-        .lock(&lock)
-        .wait(Duration::from_secs(5))
-        .acquire()
+    let again = acquire_waiting(&locker, &lock, Duration::from_secs(5))
         .await
         .unwrap();
     again.release().await.unwrap();
@@ -156,30 +145,12 @@ async fn fifo_across_polylock_and_etcdctl() {
     let mut e1 = EtcdctlLock::spawn(&endpoints, &lock);
     wait_claims(&endpoints, &lock, 2).await;
     let (_b2, p2) = client(&url).await;
-    let w2 = tokio::spawn({
-        let lock = lock.clone();
-        async move {
-            p2.lock(&lock)
-                .wait(Duration::from_secs(60))
-                .acquire()
-                .await
-                .unwrap()
-        }
-    });
+    let w2 = spawn_waiter(p2, &lock, Duration::from_secs(60));
     wait_claims(&endpoints, &lock, 3).await;
     let mut e3 = EtcdctlLock::spawn(&endpoints, &lock);
     wait_claims(&endpoints, &lock, 4).await;
     let (_b4, p4) = client(&url).await;
-    let w4 = tokio::spawn({
-        let lock = lock.clone();
-        async move {
-            p4.lock(&lock)
-                .wait(Duration::from_secs(60))
-                .acquire()
-                .await
-                .unwrap()
-        }
-    });
+    let w4 = spawn_waiter(p4, &lock, Duration::from_secs(60));
     wait_claims(&endpoints, &lock, 5).await;
 
     guard.release().await.unwrap();

@@ -6,16 +6,8 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{client, name, url_of, wait_claims};
-use testkit::EtcdServer;
+use common::{acquire_waiting, client, hold_unrenewed, name, server, wait_claims};
 use tokio::time::{sleep, timeout, Instant};
-
-fn server() -> (EtcdServer, Vec<String>, String) {
-    let server = EtcdServer::start().expect("etcd starts");
-    let endpoints = vec![server.endpoint()];
-    let url = url_of(&endpoints);
-    (server, endpoints, url)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_waiters_get_the_lock_in_queue_order() {
@@ -29,10 +21,7 @@ async fn eight_waiters_get_the_lock_in_queue_order() {
         let (_b, locker) = client(&url).await;
         let (name, order) = (lock.clone(), order.clone());
         tasks.push(tokio::spawn(async move {
-            let g = locker
-                .lock(&name)
-                .wait(Duration::from_secs(60))
-                .acquire()
+            let g = acquire_waiting(&locker, &name, Duration::from_secs(60))
                 .await
                 .unwrap();
             order.lock().unwrap().push(i);
@@ -59,10 +48,7 @@ async fn a_cancelled_waiter_in_the_middle_is_skipped() {
         let (url, lock) = (url.clone(), lock.clone());
         async move {
             let (_b, locker) = client(&url).await;
-            let g = locker
-                .lock(&lock)
-                .wait(Duration::from_secs(60))
-                .acquire()
+            let g = acquire_waiting(&locker, &lock, Duration::from_secs(60))
                 .await
                 .unwrap();
             (i, Instant::now(), g)
@@ -105,13 +91,7 @@ async fn a_waiter_behind_an_abandoned_lock_gets_it_at_the_ttl() {
     let ttl = Duration::from_secs(2);
     let (_h, holder) = client(&url).await;
     let (_w, waiter) = client(&url).await;
-    let abandoned = holder
-        .lock(&lock)
-        .ttl(ttl)
-        .auto_renew(false)
-        .acquire()
-        .await
-        .unwrap();
+    let abandoned = hold_unrenewed(&holder, &lock, ttl).await;
     let granted = abandoned.lease().sent_at();
     let g = waiter
         .lock(&lock)

@@ -7,17 +7,11 @@ mod common;
 use std::time::Duration;
 
 use backend_etcd::{fenced_put, EtcdBackend};
-use common::{client, etcdctl_out, hold, keepalives, name, url_of};
+use common::{
+    client, etcdctl_out, hold, hold_unrenewed, keepalives, lock_and_unlock, name, request, server,
+};
 use lock_core::{LockBackend, LockError};
-use testkit::EtcdServer;
 use tokio::time::{sleep, timeout, Instant};
-
-fn server() -> (EtcdServer, Vec<String>, String) {
-    let server = EtcdServer::start().expect("etcd starts");
-    let endpoints = vec![server.endpoint()];
-    let url = url_of(&endpoints);
-    (server, endpoints, url)
-}
 
 /// 1,000 locks on one client ride on one lease: as many keepalives per
 /// second as a client holding one lock, and `etcdctl lease list` shows one
@@ -153,13 +147,7 @@ async fn renew_reports_the_session_keepalive() {
     let (_server, _endpoints, url) = server();
     let (backend, _locker) = client(&url).await;
     let lock = name("renew");
-    let req = lock_core::AcquireRequest::new(
-        lock_core::LockName::new(&lock).unwrap(),
-        lock_core::OwnerToken::random(),
-        Duration::from_secs(2),
-        Duration::ZERO,
-    )
-    .unwrap();
+    let req = request(&lock, Duration::from_secs(2));
     let lease = backend.try_acquire(&req).await.unwrap().expect("free");
     let before = keepalives(&backend);
     let renewed = backend.renew(&lease).await.unwrap();
@@ -183,13 +171,7 @@ async fn fenced_put_refuses_a_stale_holder() {
     let lock = name("fenced");
     let data = format!("{lock}-data");
     let ttl = Duration::from_secs(2);
-    let first = a
-        .lock(&lock)
-        .ttl(ttl)
-        .auto_renew(false)
-        .acquire()
-        .await
-        .unwrap();
+    let first = hold_unrenewed(&a, &lock, ttl).await;
     let stale = first.lease();
     fenced_put(&a_backend, &stale, data.clone(), "from a")
         .await
@@ -302,13 +284,7 @@ async fn user_password_auth() {
     etcdctl_out(&endpoints, &["auth", "enable"]).await;
 
     let (_root, root) = client(&format!("etcd://root:r00tpw@{host}")).await;
-    root.lock(name("auth"))
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    lock_and_unlock(&root, name("auth")).await;
 
     // '%' and '@' in the password are percent-encoded in the URL.
     let app_url = format!("etcd://app:s3cr%25t%40pw@{host}?prefix=applocks/");
@@ -370,13 +346,7 @@ async fn an_idle_session_closes_and_the_next_lock_starts_a_new_one() {
 async fn a_forged_lease_on_the_holders_own_client_changes_nothing() {
     let (_server, _endpoints, url) = server();
     let (backend, _locker) = client(&url).await;
-    let req = lock_core::AcquireRequest::new(
-        lock_core::LockName::new(name("forged")).unwrap(),
-        lock_core::OwnerToken::random(),
-        Duration::from_secs(5),
-        Duration::ZERO,
-    )
-    .unwrap();
+    let req = request(&name("forged"), Duration::from_secs(5));
     let real = backend.try_acquire(&req).await.unwrap().expect("free");
     let forged = lock_core::Lease::new(
         real.name().clone(),

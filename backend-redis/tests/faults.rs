@@ -7,7 +7,10 @@ mod support;
 use std::time::Duration;
 
 use lock_core::{LockGuard, Locker};
-use support::{backend, eventually, server};
+use support::{
+    acquire_free, backend, eventually, locker_on, numsub, release_and_time_handoff, server,
+    server_and_clients, spawn_waiter_that_releases,
+};
 use testkit::{Mode, Proxy, RedisServer};
 use tokio::time::{timeout, Instant};
 
@@ -52,7 +55,7 @@ async fn recovers(locker: &Locker, name: &str, limit: Duration) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_killed_while_held() {
     let srv = server();
-    let locker = Locker::from_arc(backend(&srv.url()).await);
+    let locker = locker_on(&srv.url()).await;
     let guard = hold(&locker, "faults/killed").await;
     srv.kill().unwrap();
     lost_by_deadline(&guard).await;
@@ -76,7 +79,7 @@ async fn server_killed_while_held() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_paused_past_the_ttl() {
     let srv = server();
-    let locker = Locker::from_arc(backend(&srv.url()).await);
+    let locker = locker_on(&srv.url()).await;
     let guard = hold(&locker, "faults/paused").await;
     srv.pause().unwrap();
     lost_by_deadline(&guard).await;
@@ -93,7 +96,7 @@ async fn server_paused_past_the_ttl() {
 async fn cut_by_proxy(srv: &RedisServer, mode: Mode, name: &str) {
     let proxy = Proxy::start(srv.addr()).unwrap();
     let url = format!("redis://127.0.0.1:{}/0", proxy.port());
-    let locker = Locker::from_arc(backend(&url).await);
+    let locker = locker_on(&url).await;
     let guard = hold(&locker, name).await;
     let fence = guard.fence();
     proxy.set_mode(mode);
@@ -148,8 +151,8 @@ async fn connection_reset() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_survives_its_pubsub_connection_being_killed() {
     let srv = server();
-    let holder = Locker::from_arc(backend(&srv.url()).await);
-    let waiter = Locker::from_arc(backend(&srv.url()).await);
+    let holder = locker_on(&srv.url()).await;
+    let waiter = locker_on(&srv.url()).await;
     let mut admin = support::raw(&srv.url()).await;
     let guard = holder
         .lock("faults/pubsub")
@@ -157,17 +160,7 @@ async fn waiter_survives_its_pubsub_connection_being_killed() {
         .acquire()
         .await
         .unwrap();
-    let task = tokio::spawn(async move {
-        let g = waiter
-            .lock("faults/pubsub")
-            .wait(Duration::from_secs(20))
-            .acquire()
-            .await
-            .expect("waiter acquires");
-        let at = Instant::now();
-        g.release().await.unwrap();
-        at
-    });
+    let task = spawn_waiter_that_releases(waiter, "faults/pubsub", Duration::from_secs(20));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let killed: i64 = redis::cmd("CLIENT")
         .arg("KILL")
@@ -181,25 +174,16 @@ async fn waiter_survives_its_pubsub_connection_being_killed() {
     // at once rather than at a fallback poll.
     assert!(
         eventually(Duration::from_secs(5), || async {
-            let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg("polylock:{faults/pubsub}:released")
-                .query_async(&mut admin.clone())
-                .await
-                .unwrap();
-            n[0].1 == 1
+            numsub(&admin, "polylock:{faults/pubsub}:released").await == 1
         })
         .await,
         "the waiter did not subscribe again"
     );
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let released = Instant::now();
-    guard.release().await.unwrap();
-    let got = task.await.unwrap();
+    let handoff = release_and_time_handoff(guard, task).await;
     assert!(
-        got - released < Duration::from_millis(100),
-        "woke {:?} after the release",
-        got - released
+        handoff < Duration::from_millis(100),
+        "woke {handoff:?} after the release"
     );
 }
 
@@ -215,11 +199,7 @@ async fn abandoned_request_never_shifts_replies() {
     let proxy = Proxy::start(srv.addr()).unwrap();
     let ours = backend(&format!("redis://127.0.0.1:{}/0", proxy.port())).await;
     let x = name("faults/shift-x");
-    let held = ours
-        .try_acquire(&req(&x, Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .unwrap();
+    let held = acquire_free(&ours, &x, Duration::from_secs(30)).await;
     proxy.set_mode(Mode::Blackhole);
     // Give up on a request whose bytes the network swallowed.
     assert!(timeout(Duration::from_millis(300), ours.inspect(&x))
@@ -240,43 +220,33 @@ async fn abandoned_request_never_shifts_replies() {
     ours.release(&held).await.unwrap();
 }
 
+async fn script_flush(admin: &mut redis::aio::MultiplexedConnection) {
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(admin)
+        .await
+        .unwrap();
+}
+
 /// Scripts go by SHA-1; after `SCRIPT FLUSH` (or a restart) the driver
 /// loads them again on NOSCRIPT and nothing fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_are_reloaded_after_script_flush() {
     use lock_core::LockBackend;
-    use support::{name, raw, req};
+    use support::{name, req};
 
-    let srv = server();
-    let ours = backend(&srv.url()).await;
-    let mut admin = raw(&srv.url()).await;
+    let (_srv, ours, mut admin) = server_and_clients("").await;
     let n = name("faults/noscript");
-    let lease = ours.try_acquire(&req(&n, TTL)).await.unwrap().unwrap();
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    let lease = acquire_free(&ours, &n, TTL).await;
+    script_flush(&mut admin).await;
     let lease = ours.renew(&lease).await.expect("renew after SCRIPT FLUSH");
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    script_flush(&mut admin).await;
     assert!(ours.inspect(&n).await.unwrap().is_some());
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    script_flush(&mut admin).await;
     ours.release(&lease)
         .await
         .expect("release after SCRIPT FLUSH");
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    script_flush(&mut admin).await;
     let again = ours
         .try_acquire(&req(&n, TTL))
         .await

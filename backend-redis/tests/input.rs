@@ -9,7 +9,7 @@ use std::time::Duration;
 use backend_redis::RedisBackend;
 use lock_core::{LockBackend, LockError};
 use redis::AsyncCommands;
-use support::{backend, name, raw, req, server, wait_req};
+use support::{acquire_free, backend, name, raw, req, server, server_and_clients, wait_req};
 use tokio::time::Instant;
 
 fn config_error(r: Result<RedisBackend, LockError>) -> String {
@@ -102,19 +102,13 @@ async fn refused_credentials_are_a_clear_error_without_the_password() {
     assert!(!dbg.contains("right-horse-battery"), "{dbg}");
     assert!(dbg.contains("***"), "{dbg}");
     let n = name("input/auth");
-    let lease = good
-        .try_acquire(&req(&n, Duration::from_secs(5)))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = acquire_free(&good, &n, Duration::from_secs(5)).await;
     good.release(&lease).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_lock_on_a_key_of_another_type() {
-    let srv = server();
-    let ours = backend(&srv.url()).await;
-    let mut r = raw(&srv.url()).await;
+    let (_srv, ours, mut r) = server_and_clients("").await;
     let n = name("input/wrongtype");
     let key = ours.keys(&n).unwrap().lock;
     let _: () = r.hset(&key, "their", "data").await.unwrap();
@@ -150,9 +144,7 @@ async fn plain_lock_on_a_key_of_another_type() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redisson_lock_on_a_key_of_another_type() {
-    let srv = server();
-    let ours = backend(&format!("{}?format=redisson", srv.url())).await;
-    let mut r = raw(&srv.url()).await;
+    let (_srv, ours, mut r) = server_and_clients("?format=redisson").await;
     let n = name("input-wrongtype");
     let _: () = r.set("input-wrongtype", "their value").await.unwrap();
     let lease = ours

@@ -9,28 +9,18 @@ use backend_redis::redisson_field;
 use futures::StreamExt;
 use lock_core::{AcquireRequest, LockBackend, OwnerToken};
 use redis::AsyncCommands;
-use support::{backend, name, raw, req, server, wait_req};
+use support::{foreign_set_nx, name, req, server_and_clients, spawn_timed_acquire, wait_req};
 use tokio::time::{sleep, timeout, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_plain_lock_blocks_ours_until_released() {
-    let srv = server();
-    let ours = backend(&srv.url()).await;
-    let mut foreign = raw(&srv.url()).await;
+    let (_srv, ours, mut foreign) = server_and_clients("").await;
     let n = name("interop/released");
     let key = ours.keys(&n).unwrap().lock;
     assert_eq!(key, "polylock:{interop/released}");
 
     // Another client (redis-py, redsync, a shell script) takes it its way.
-    let set: Option<String> = redis::cmd("SET")
-        .arg(&key)
-        .arg("their-token")
-        .arg("NX")
-        .arg("PX")
-        .arg(30_000)
-        .query_async(&mut foreign)
-        .await
-        .unwrap();
+    let set = foreign_set_nx(&mut foreign, &key, "their-token", 30_000).await;
     assert_eq!(set.as_deref(), Some("OK"));
     assert!(ours
         .try_acquire(&req(&n, Duration::from_secs(5)))
@@ -45,14 +35,10 @@ async fn foreign_plain_lock_blocks_ours_until_released() {
     );
     assert!(info.expires_in.unwrap() > Duration::from_secs(25));
 
-    let waiter = tokio::spawn({
-        let ours = ours.clone();
-        let r = wait_req(&n, Duration::from_secs(5), Duration::from_secs(10));
-        async move {
-            let lease = ours.acquire(&r).await.unwrap();
-            (Instant::now(), lease)
-        }
-    });
+    let waiter = spawn_timed_acquire(
+        &ours,
+        wait_req(&n, Duration::from_secs(5), Duration::from_secs(10)),
+    );
     sleep(Duration::from_millis(400)).await;
     assert!(
         !waiter.is_finished(),
@@ -83,22 +69,12 @@ async fn foreign_plain_lock_blocks_ours_until_released() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_plain_lock_blocks_ours_until_it_expires() {
-    let srv = server();
-    let ours = backend(&srv.url()).await;
-    let mut foreign = raw(&srv.url()).await;
+    let (_srv, ours, mut foreign) = server_and_clients("").await;
     let n = name("interop/expires");
     let key = ours.keys(&n).unwrap().lock;
     let ttl = Duration::from_millis(800);
     let set_at = Instant::now();
-    let _: () = redis::cmd("SET")
-        .arg(&key)
-        .arg("their-token")
-        .arg("NX")
-        .arg("PX")
-        .arg(ttl.as_millis() as u64)
-        .query_async(&mut foreign)
-        .await
-        .unwrap();
+    foreign_set_nx(&mut foreign, &key, "their-token", ttl.as_millis() as u64).await;
     let lease = ours
         .acquire(&wait_req(
             &n,
@@ -123,23 +99,13 @@ async fn foreign_plain_lock_blocks_ours_until_it_expires() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_plain_lock_blocks_a_foreign_set_nx() {
-    let srv = server();
-    let ours = backend(&srv.url()).await;
-    let mut foreign = raw(&srv.url()).await;
+    let (_srv, ours, mut foreign) = server_and_clients("").await;
     let n = name("interop/ours");
     let key = ours.keys(&n).unwrap().lock;
     let r = req(&n, Duration::from_secs(10));
     let lease = ours.try_acquire(&r).await.unwrap().expect("acquire");
 
-    let set: Option<String> = redis::cmd("SET")
-        .arg(&key)
-        .arg("their-token")
-        .arg("NX")
-        .arg("PX")
-        .arg(30_000)
-        .query_async(&mut foreign)
-        .await
-        .unwrap();
+    let set = foreign_set_nx(&mut foreign, &key, "their-token", 30_000).await;
     assert_eq!(set, None, "a foreign SET NX took our lock");
     // The value is our owner token as a plain string, as redis-py stores it.
     let value: String = foreign.get(&key).await.unwrap();
@@ -150,15 +116,7 @@ async fn our_plain_lock_blocks_a_foreign_set_nx() {
     assert_eq!(fence, lease.fence().get());
 
     ours.release(&lease).await.unwrap();
-    let set: Option<String> = redis::cmd("SET")
-        .arg(&key)
-        .arg("their-token")
-        .arg("NX")
-        .arg("PX")
-        .arg(30_000)
-        .query_async(&mut foreign)
-        .await
-        .unwrap();
+    let set = foreign_set_nx(&mut foreign, &key, "their-token", 30_000).await;
     assert_eq!(
         set.as_deref(),
         Some("OK"),
@@ -173,9 +131,7 @@ async fn our_plain_lock_blocks_a_foreign_set_nx() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redisson_layout_is_exact() {
-    let srv = server();
-    let ours = backend(&format!("{}?format=redisson", srv.url())).await;
-    let mut r = raw(&srv.url()).await;
+    let (srv, ours, mut r) = server_and_clients("?format=redisson").await;
     let n = name("orders");
     let keys = ours.keys(&n).unwrap();
     assert_eq!(keys.lock, "orders");
@@ -262,9 +218,7 @@ async fn redisson_layout_is_exact() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redisson_foreign_holder_blocks_and_its_unlock_message_wakes_us() {
-    let srv = server();
-    let ours = backend(&format!("{}?format=redisson", srv.url())).await;
-    let mut r = raw(&srv.url()).await;
+    let (_srv, ours, mut r) = server_and_clients("?format=redisson").await;
     let n = name("shared-job");
     // A Redisson client holds it: its field, count 1, an expiry.
     let theirs = "1b9d6bcd-bbfd-4b2d-9b5d-ab8dfbbd4bed:57";
@@ -279,14 +233,10 @@ async fn redisson_foreign_holder_blocks_and_its_unlock_message_wakes_us() {
     let info = ours.inspect(&n).await.unwrap().expect("held");
     assert_eq!(info.owner, theirs);
 
-    let waiter = tokio::spawn({
-        let ours = ours.clone();
-        let request = wait_req(&n, Duration::from_secs(5), Duration::from_secs(20));
-        async move {
-            let lease = ours.acquire(&request).await.unwrap();
-            (Instant::now(), lease)
-        }
-    });
+    let waiter = spawn_timed_acquire(
+        &ours,
+        wait_req(&n, Duration::from_secs(5), Duration::from_secs(20)),
+    );
     // Long enough for the fallback poll to have backed off to its maximum.
     sleep(Duration::from_millis(1500)).await;
     assert!(!waiter.is_finished());

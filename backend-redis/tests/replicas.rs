@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use lock_core::LockBackend;
-use support::{backend, eventually, name, raw, req};
+use support::{acquire_free, backend, eventually, name, raw, req};
 use testkit::RedisServer;
 use tokio::time::Instant;
 
@@ -46,11 +46,7 @@ async fn acquire_waits_for_replicas_or_is_undone() {
     ))
     .await;
     let n = name("replicas/one");
-    let lease = one
-        .try_acquire(&req(&n, Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = acquire_free(&one, &n, Duration::from_secs(30)).await;
     let key = one.keys(&n).unwrap().lock;
     let mut on_replica = raw(&replica.url()).await;
     let v: Option<String> = redis::cmd("GET")

@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use backend_redis::RedisBackend;
 use lock_core::{LockBackend, Locker};
-use support::{name, req};
+use support::{acquire_free, name, release_and_time_handoff, spawn_waiter_that_releases};
 use testkit::RedisServer;
-use tokio::time::Instant;
 
 /// A CA and a server certificate for 127.0.0.1, made with the openssl CLI.
 fn make_certs(dir: &Path) {
@@ -107,11 +106,7 @@ async fn locks_over_tls() {
     let backend = RedisBackend::connect(&url).await.unwrap();
     assert!(backend.config().is_tls());
     let n = name("tls/lock");
-    let lease = backend
-        .try_acquire(&req(&n, Duration::from_secs(5)))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = acquire_free(&backend, &n, Duration::from_secs(5)).await;
     assert_eq!(
         backend.inspect(&n).await.unwrap().unwrap().fence,
         Some(lease.fence())
@@ -122,27 +117,11 @@ async fn locks_over_tls() {
     let holder = Locker::new(backend.clone());
     let waiter = Locker::new(RedisBackend::connect(&url).await.unwrap());
     let g = holder.lock("tls/wait").acquire().await.unwrap();
-    let task = tokio::spawn(async move {
-        let g = waiter
-            .lock("tls/wait")
-            .wait(Duration::from_secs(10))
-            .acquire()
-            .await
-            .unwrap();
-        let at = Instant::now();
-        g.release().await.unwrap();
-        at
-    });
+    let task = spawn_waiter_that_releases(waiter, "tls/wait", Duration::from_secs(10));
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let released = Instant::now();
-    g.release().await.unwrap();
-    let got = task.await.unwrap();
+    let handoff = release_and_time_handoff(g, task).await;
     // The fallback poll would take 250-500 ms here.
-    assert!(
-        got - released < Duration::from_millis(200),
-        "{:?}",
-        got - released
-    );
+    assert!(handoff < Duration::from_millis(200), "{handoff:?}");
 
     // Without our CA the server's certificate is refused, and the error says so.
     let e = RedisBackend::connect(&format!("rediss://127.0.0.1:{tls_port}/0"))

@@ -6,31 +6,35 @@ mod support;
 
 use std::time::Duration;
 
-use lock_core::{LockBackend, Locker};
-use support::{backend, eventually, name, raw, req, server, wait_req};
+use lock_core::{LockBackend, LockGuard, Locker};
+use support::{
+    acquire_free, backend, eventually, locker_on, name, numsub, pubsub_clients, raw, server,
+    spawn_timed_acquire, wait_req,
+};
+use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 
-async fn numsub(conn: &redis::aio::MultiplexedConnection, channel: &str) -> i64 {
-    let mut conn = conn.clone();
-    let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(channel)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    n[0].1
+/// A task waiting up to 30 s for `lock` through `waiter`.
+fn spawn_waiting(waiter: &Locker, lock: &'static str) -> JoinHandle<lock_core::Result<LockGuard>> {
+    let waiter = waiter.clone();
+    tokio::spawn(async move {
+        waiter
+            .lock(lock)
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+    })
 }
 
-async fn pubsub_clients(conn: &redis::aio::MultiplexedConnection) -> usize {
-    let mut conn = conn.clone();
-    let list: String = redis::cmd("CLIENT")
-        .arg("LIST")
-        .arg("TYPE")
-        .arg("pubsub")
-        .query_async(&mut conn)
+/// The channels subscribed to whose names start with `polylock:`.
+async fn polylock_channels(admin: &redis::aio::MultiplexedConnection) -> Vec<String> {
+    let mut admin = admin.clone();
+    redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg("polylock:*")
+        .query_async(&mut admin)
         .await
-        .unwrap();
-    list.lines().filter(|l| !l.is_empty()).count()
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -41,19 +45,11 @@ async fn release_wakes_a_waiter_at_once() {
     let n = name("wait/handoff");
     let mut handoffs = Vec::new();
     for _ in 0..7 {
-        let lease = holder
-            .try_acquire(&req(&n, Duration::from_secs(30)))
-            .await
-            .unwrap()
-            .unwrap();
-        let task = tokio::spawn({
-            let waiter = waiter.clone();
-            let r = wait_req(&n, Duration::from_secs(30), Duration::from_secs(20));
-            async move {
-                let lease = waiter.acquire(&r).await.unwrap().unwrap();
-                (Instant::now(), lease)
-            }
-        });
+        let lease = acquire_free(&holder, &n, Duration::from_secs(30)).await;
+        let task = spawn_timed_acquire(
+            &waiter,
+            wait_req(&n, Duration::from_secs(30), Duration::from_secs(20)),
+        );
         // Long enough for the fallback poll to back off to its maximum:
         // only the message can make the hand-off fast.
         sleep(Duration::from_millis(700)).await;
@@ -61,7 +57,7 @@ async fn release_wakes_a_waiter_at_once() {
         holder.release(&lease).await.unwrap();
         let (got, lease) = task.await.unwrap();
         handoffs.push(got - released);
-        waiter.release(&lease).await.unwrap();
+        waiter.release(&lease.unwrap()).await.unwrap();
     }
     handoffs.sort();
     let median = handoffs[handoffs.len() / 2];
@@ -71,31 +67,15 @@ async fn release_wakes_a_waiter_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_waiters_leave_no_subscription() {
     let srv = server();
-    let holder = Locker::from_arc(backend(&srv.url()).await);
-    let waiter = Locker::from_arc(backend(&srv.url()).await);
+    let holder = locker_on(&srv.url()).await;
+    let waiter = locker_on(&srv.url()).await;
     let admin = raw(&srv.url()).await;
     let channel = "polylock:{wait/cancel}:released";
     let guard = holder.lock("wait/cancel").acquire().await.unwrap();
 
     // Two waiters of one client share one subscription.
-    let w1 = tokio::spawn({
-        let w = waiter.clone();
-        async move {
-            w.lock("wait/cancel")
-                .wait(Duration::from_secs(30))
-                .acquire()
-                .await
-        }
-    });
-    let w2 = tokio::spawn({
-        let w = waiter.clone();
-        async move {
-            w.lock("wait/cancel")
-                .wait(Duration::from_secs(30))
-                .acquire()
-                .await
-        }
-    });
+    let w1 = spawn_waiting(&waiter, "wait/cancel");
+    let w2 = spawn_waiting(&waiter, "wait/cancel");
     assert!(
         eventually(Duration::from_secs(3), || async {
             numsub(&admin, channel).await == 1
@@ -154,8 +134,8 @@ async fn cancelled_waiters_leave_no_subscription() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_locks_one_pubsub_connection() {
     let srv = server();
-    let holder = Locker::from_arc(backend(&srv.url()).await);
-    let waiter = Locker::from_arc(backend(&srv.url()).await);
+    let holder = locker_on(&srv.url()).await;
+    let waiter = locker_on(&srv.url()).await;
     let admin = raw(&srv.url()).await;
     let mut guards = Vec::new();
     let mut tasks = Vec::new();
@@ -181,13 +161,7 @@ async fn many_locks_one_pubsub_connection() {
                 .query_async(&mut admin)
                 .await
                 .unwrap();
-            let channels: Vec<String> = redis::cmd("PUBSUB")
-                .arg("CHANNELS")
-                .arg("polylock:*")
-                .query_async(&mut admin)
-                .await
-                .unwrap();
-            n == 0 && channels.len() == 20
+            n == 0 && polylock_channels(&admin).await.len() == 20
         })
         .await
     );
@@ -204,14 +178,7 @@ async fn many_locks_one_pubsub_connection() {
     }
     assert!(
         eventually(Duration::from_secs(3), || async {
-            let mut admin = admin.clone();
-            let channels: Vec<String> = redis::cmd("PUBSUB")
-                .arg("CHANNELS")
-                .arg("polylock:*")
-                .query_async(&mut admin)
-                .await
-                .unwrap();
-            channels.is_empty()
+            polylock_channels(&admin).await.is_empty()
         })
         .await,
         "channels stayed subscribed after their waiters were done"
@@ -221,7 +188,7 @@ async fn many_locks_one_pubsub_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncontended_acquire_does_not_subscribe() {
     let srv = server();
-    let locker = Locker::from_arc(backend(&srv.url()).await);
+    let locker = locker_on(&srv.url()).await;
     let admin = raw(&srv.url()).await;
     let g = locker
         .lock("wait/uncontended")

@@ -3,17 +3,28 @@
 
 #![allow(dead_code)] // each test file uses a different subset
 
+use std::future::Future;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use backend_etcd::EtcdBackend;
-use lock_core::{LockGuard, Locker};
+use lock_core::{AcquireRequest, LockGuard, LockName, Locker, OwnerToken};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use testkit::EtcdServer;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
-use tokio::time::timeout;
+use tokio::task::JoinHandle;
+use tokio::time::{timeout, Instant};
+
+/// A fresh single etcd, its endpoints and its `etcd://` URL.
+pub(crate) fn server() -> (EtcdServer, Vec<String>, String) {
+    let server = EtcdServer::start().expect("etcd starts");
+    let endpoints = vec![server.endpoint()];
+    let url = url_of(&endpoints);
+    (server, endpoints, url)
+}
 
 /// `etcd://127.0.0.1:P,...` from the kit's `http://` endpoints.
 pub(crate) fn url_of(endpoints: &[String]) -> String {
@@ -186,6 +197,73 @@ pub(crate) async fn hold(locker: &Locker, name: &str, ttl: Duration) -> LockGuar
         .await
         .unwrap_or_else(|e| panic!("acquire {name}: {e}"))
         .unwrap_or_else(|| panic!("{name} is held"))
+}
+
+/// Acquires `name` with `ttl` and never renews it (a holder that stops
+/// renewing: its session deletes the claim at the TTL).
+pub(crate) async fn hold_unrenewed(locker: &Locker, name: &str, ttl: Duration) -> LockGuard {
+    locker
+        .lock(name)
+        .ttl(ttl)
+        .auto_renew(false)
+        .acquire()
+        .await
+        .unwrap()
+}
+
+/// Acquires `name` (default TTL, no wait) and releases it again.
+pub(crate) async fn lock_and_unlock(locker: &Locker, name: impl AsRef<str>) {
+    locker
+        .lock(name)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+/// Acquires `name`, waiting up to `wait` for it.
+pub(crate) async fn acquire_waiting(
+    locker: &Locker,
+    name: impl AsRef<str>,
+    wait: Duration,
+) -> lock_core::Result<LockGuard> {
+    locker.lock(name).wait(wait).acquire().await
+}
+
+/// A task that waits up to `wait` for `name` and returns its guard.
+pub(crate) fn spawn_waiter(locker: Locker, name: &str, wait: Duration) -> JoinHandle<LockGuard> {
+    let name = name.to_string();
+    tokio::spawn(async move { acquire_waiting(&locker, &name, wait).await.unwrap() })
+}
+
+/// A raw backend request for `name` of `ttl`, no wait, by a new owner.
+pub(crate) fn request(name: &str, ttl: Duration) -> AcquireRequest {
+    AcquireRequest::new(
+        LockName::new(name).unwrap(),
+        OwnerToken::random(),
+        ttl,
+        Duration::ZERO,
+    )
+    .unwrap()
+}
+
+/// Runs `op` and checks it returned within `limit` (`"{what} hung"`
+/// otherwise).
+pub(crate) async fn returns_within<T>(
+    limit: Duration,
+    what: &str,
+    op: impl Future<Output = T>,
+) -> T {
+    let started = Instant::now();
+    let out = op.await;
+    assert!(
+        started.elapsed() < limit,
+        "{what} hung {:?}",
+        started.elapsed()
+    );
+    out
 }
 
 /// Keepalives sent by all sessions of `backend`.

@@ -8,8 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backend_redis::RedisBackend;
-use lock_core::{AcquireRequest, LockName, OwnerToken};
+use lock_core::{AcquireRequest, Lease, LockBackend, LockGuard, LockName, Locker, OwnerToken};
+use redis::aio::MultiplexedConnection;
 use testkit::RedisServer;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// A fresh single redis-server.
 pub fn server() -> RedisServer {
@@ -29,6 +32,117 @@ pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
 /// A backend for `url`.
 pub async fn backend(url: &str) -> Arc<RedisBackend> {
     Arc::new(RedisBackend::connect(url).await.expect("connect"))
+}
+
+/// A fresh server, our backend on it (its URL followed by `query`, e.g.
+/// `"?format=redisson"`), and a raw connection to it for another client.
+pub async fn server_and_clients(
+    query: &str,
+) -> (RedisServer, Arc<RedisBackend>, MultiplexedConnection) {
+    let srv = server();
+    let ours = backend(&format!("{}{query}", srv.url())).await;
+    let foreign = raw(&srv.url()).await;
+    (srv, ours, foreign)
+}
+
+/// Another client's plain lock: `SET key token NX PX px_ms`; `Some("OK")`
+/// if it took it.
+pub async fn foreign_set_nx(
+    conn: &mut MultiplexedConnection,
+    key: &str,
+    token: &str,
+    px_ms: u64,
+) -> Option<String> {
+    redis::cmd("SET")
+        .arg(key)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(px_ms)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// Subscribers of `channel` (`PUBSUB NUMSUB`).
+pub async fn numsub(conn: &MultiplexedConnection, channel: &str) -> i64 {
+    let mut conn = conn.clone();
+    let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    n[0].1
+}
+
+/// Connected pub/sub clients (`CLIENT LIST TYPE pubsub`).
+pub async fn pubsub_clients(conn: &MultiplexedConnection) -> usize {
+    let mut conn = conn.clone();
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    list.lines().filter(|l| !l.is_empty()).count()
+}
+
+/// Takes the free lock `name` for `ttl` with no wait; panics if it is held.
+pub async fn acquire_free(backend: &RedisBackend, name: &LockName, ttl: Duration) -> Lease {
+    backend
+        .try_acquire(&req(name, ttl))
+        .await
+        .expect("try_acquire")
+        .expect("the lock is free")
+}
+
+/// A task that acquires with `request` through `backend` and returns when
+/// it returned, and what.
+pub fn spawn_timed_acquire(
+    backend: &Arc<RedisBackend>,
+    request: AcquireRequest,
+) -> JoinHandle<(Instant, Option<Lease>)> {
+    let backend = backend.clone();
+    tokio::spawn(async move {
+        let lease = backend.acquire(&request).await.unwrap();
+        (Instant::now(), lease)
+    })
+}
+
+/// A task that waits up to `wait` for `lock` through `waiter`, releases it
+/// at once, and returns when it got it.
+pub fn spawn_waiter_that_releases(
+    waiter: Locker,
+    lock: &str,
+    wait: Duration,
+) -> JoinHandle<Instant> {
+    let lock = lock.to_string();
+    tokio::spawn(async move {
+        let g = waiter
+            .lock(&lock)
+            .wait(wait)
+            .acquire()
+            .await
+            .expect("the waiter acquires");
+        let at = Instant::now();
+        g.release().await.unwrap();
+        at
+    })
+}
+
+/// Releases `guard` and returns how long after the release the waiting
+/// `task` (from [`spawn_waiter_that_releases`]) got the lock.
+pub async fn release_and_time_handoff(guard: LockGuard, task: JoinHandle<Instant>) -> Duration {
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    task.await.unwrap() - released
+}
+
+/// A locker over a new backend for `url`.
+pub async fn locker_on(url: &str) -> Locker {
+    Locker::from_arc(backend(url).await)
 }
 
 /// A valid lock name.
