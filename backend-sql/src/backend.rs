@@ -15,7 +15,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
+use sqlx::{AssertSqlSafe, ConnectOptions};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
@@ -63,6 +63,19 @@ pub(crate) enum Pools {
     MySql(MySqlPool),
 }
 
+/// A `match` on [`Pools`] whose arms may list several databases, for
+/// statements written the same way on them:
+/// `pool_match!(pools, { Postgres(p) | Sqlite(p) => ..., MySql(p) => ... })`.
+/// Each arm's body is compiled once per database, with `p` that database's
+/// pool.
+macro_rules! pool_match {
+    ($pools:expr, { $( $( $variant:ident ( $p:ident ) )|+ => $body:expr ),+ $(,)? }) => {
+        match $pools {
+            $( $( $crate::backend::Pools::$variant($p) => $body, )+ )+
+        }
+    };
+}
+
 impl fmt::Debug for SqlBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqlBackend")
@@ -83,6 +96,39 @@ fn config_error(errors: &ErrorContext, e: sqlx::Error) -> LockError {
         LockError::Backend { source, .. } => LockError::Config(source.to_string()),
         other => other,
     }
+}
+
+/// Connects once directly (a pool hides "connection refused" behind its own
+/// timeout), creates the lock table if needed, and closes the connection.
+async fn create_lock_table<O, C>(
+    options: &O,
+    config: &SqlConfig,
+    sql: &Statements,
+    errors: &ErrorContext,
+) -> Result<(), LockError>
+where
+    O: ConnectOptions<Connection = C>,
+    C: schema::Schema,
+    for<'c> &'c mut C: sqlx::Executor<'c, Database = C::Database>,
+    for<'q> String: sqlx::Encode<'q, C::Database> + sqlx::Type<C::Database>,
+    <C::Database as sqlx::Database>::Arguments: sqlx::IntoArguments<C::Database>,
+{
+    let limit = config.connect_timeout;
+    let mut conn = tokio::time::timeout(limit, options.connect())
+        .await
+        .map_err(|_| errors.timed_out("connecting", limit))?
+        .map_err(|e| errors.connect_failed(e))?;
+    let setup = schema::ensure(
+        &mut conn,
+        sql,
+        &config.table,
+        &sql.create_locks,
+        Some(&sql.probe_locks),
+        errors,
+    )
+    .await;
+    let _ = conn.close().await;
+    setup
 }
 
 impl SqlBackend {
@@ -121,7 +167,6 @@ impl SqlBackend {
         };
         let sql = Statements::new(dialect, &config.table, &config.fence_table);
         let limit = config.connect_timeout;
-        let timed_out = || errors.timed_out("connecting", limit);
         let mut hub = None;
         let pools = match dialect {
             Dialect::Sqlite => {
@@ -135,21 +180,21 @@ impl SqlBackend {
                     .journal_mode(SqliteJournalMode::Wal)
                     .synchronous(SqliteSynchronous::Full)
                     .busy_timeout(config.busy_timeout);
-                let mut conn = tokio::time::timeout(limit, options.connect())
-                    .await
-                    .map_err(|_| timed_out())?
-                    .map_err(|e| errors.connect_failed(e))?;
-                let setup = schema::ensure_sqlite(
-                    &mut conn,
-                    &sql,
-                    &config.table,
-                    &sql.create_locks,
-                    Some(&sql.probe_locks),
-                    &errors,
-                )
-                .await;
-                let _ = conn.close().await;
-                setup?;
+                // Turning a new file into WAL takes an exclusive lock that
+                // SQLite's busy timeout does not wait for, so processes that
+                // open a fresh file at the same moment can get SQLITE_BUSY:
+                // retry those until the connect timeout.
+                let until = tokio::time::Instant::now() + config.connect_timeout;
+                let mut pause = Duration::from_millis(5);
+                loop {
+                    match create_lock_table(&options, &config, &sql, &errors).await {
+                        Err(e) if e.is_retryable() && tokio::time::Instant::now() < until => {
+                            tokio::time::sleep(pause).await;
+                            pause = (pause * 2).min(Duration::from_millis(100));
+                        }
+                        done => break done?,
+                    }
+                }
                 Pools::Sqlite(
                     SqlitePoolOptions::new()
                         .max_connections(config.pool_size)
@@ -162,23 +207,7 @@ impl SqlBackend {
             Dialect::Postgres => {
                 let options = PgConnectOptions::from_str(&config.driver_url)
                     .map_err(|e| config_error(&errors, e))?;
-                // Connect once directly: a pool hides "connection refused"
-                // behind its own timeout.
-                let mut conn = tokio::time::timeout(limit, options.connect())
-                    .await
-                    .map_err(|_| timed_out())?
-                    .map_err(|e| errors.connect_failed(e))?;
-                let setup = schema::ensure_postgres(
-                    &mut conn,
-                    &sql,
-                    &config.table,
-                    &sql.create_locks,
-                    Some(&sql.probe_locks),
-                    &errors,
-                )
-                .await;
-                let _ = conn.close().await;
-                setup?;
+                create_lock_table(&options, &config, &sql, &errors).await?;
                 hub = Some(NotifyHub::new(options.clone(), sql.channel.clone(), limit));
                 Pools::Postgres(
                     PgPoolOptions::new()
@@ -191,21 +220,7 @@ impl SqlBackend {
             Dialect::MySql => {
                 let options = MySqlConnectOptions::from_str(&config.driver_url)
                     .map_err(|e| config_error(&errors, e))?;
-                let mut conn = tokio::time::timeout(limit, options.connect())
-                    .await
-                    .map_err(|_| timed_out())?
-                    .map_err(|e| errors.connect_failed(e))?;
-                let setup = schema::ensure_mysql(
-                    &mut conn,
-                    &sql,
-                    &config.table,
-                    &sql.create_locks,
-                    Some(&sql.probe_locks),
-                    &errors,
-                )
-                .await;
-                let _ = conn.close().await;
-                setup?;
+                create_lock_table(&options, &config, &sql, &errors).await?;
                 Pools::MySql(
                     MySqlPoolOptions::new()
                         .max_connections(config.pool_size)
@@ -250,11 +265,9 @@ impl SqlBackend {
     /// Cancel safe: the pool is closed either way; connections still in use
     /// close when returned.
     pub async fn close(&self) {
-        match &self.inner.pools {
-            Pools::Sqlite(p) => p.close().await,
-            Pools::Postgres(p) => p.close().await,
-            Pools::MySql(p) => p.close().await,
-        }
+        pool_match!(&self.inner.pools, {
+            Sqlite(p) | Postgres(p) | MySql(p) => p.close().await,
+        })
     }
 
     pub(crate) fn pools(&self) -> &Pools {
@@ -278,47 +291,14 @@ impl SqlBackend {
                 let table = &self.inner.config.fence_table;
                 let errors = &self.inner.errors;
                 let setup = async {
-                    match &self.inner.pools {
-                        Pools::Sqlite(p) => {
+                    pool_match!(&self.inner.pools, {
+                        Sqlite(p) | Postgres(p) | MySql(p) => {
                             let mut c =
                                 p.acquire().await.map_err(|e| errors.map("connecting", e))?;
-                            schema::ensure_sqlite(
-                                &mut c,
-                                sql,
-                                table,
-                                &sql.create_fences,
-                                None,
-                                errors,
-                            )
-                            .await
+                            schema::ensure(&mut *c, sql, table, &sql.create_fences, None, errors)
+                                .await
                         }
-                        Pools::Postgres(p) => {
-                            let mut c =
-                                p.acquire().await.map_err(|e| errors.map("connecting", e))?;
-                            schema::ensure_postgres(
-                                &mut c,
-                                sql,
-                                table,
-                                &sql.create_fences,
-                                None,
-                                errors,
-                            )
-                            .await
-                        }
-                        Pools::MySql(p) => {
-                            let mut c =
-                                p.acquire().await.map_err(|e| errors.map("connecting", e))?;
-                            schema::ensure_mysql(
-                                &mut c,
-                                sql,
-                                table,
-                                &sql.create_fences,
-                                None,
-                                errors,
-                            )
-                            .await
-                        }
-                    }
+                    })
                 };
                 tokio::time::timeout(self.inner.config.op_timeout, setup)
                     .await
@@ -416,8 +396,8 @@ impl LockBackend for SqlBackend {
         let (granted, units) = self.granted_ttl(req.ttl);
         let owner = req.owner.to_string();
         let (name, owner, sql) = (req.name.as_str(), owner.as_str(), &self.inner.sql.acquire);
-        let won: Option<u64> = match &self.inner.pools {
-            Pools::Postgres(p) => self
+        let won: Option<u64> = pool_match!(&self.inner.pools, {
+            Postgres(p) | Sqlite(p) => self
                 .run("acquire", || async move {
                     sqlx::query_scalar::<_, i64>(q(sql))
                         .bind(name)
@@ -428,18 +408,7 @@ impl LockBackend for SqlBackend {
                 })
                 .await?
                 .map(|v| u64::try_from(v).unwrap_or(0)),
-            Pools::Sqlite(p) => self
-                .run("acquire", || async move {
-                    sqlx::query_scalar::<_, i64>(q(sql))
-                        .bind(name)
-                        .bind(owner)
-                        .bind(units)
-                        .fetch_optional(p)
-                        .await
-                })
-                .await?
-                .map(|v| u64::try_from(v).unwrap_or(0)),
-            Pools::MySql(p) => {
+            MySql(p) => {
                 let done = self
                     .run("acquire", || async move {
                         sqlx::query(q(sql))
@@ -465,7 +434,7 @@ impl LockBackend for SqlBackend {
                     }
                 }
             }
-        };
+        });
         match won {
             Some(version) => {
                 let fence = self.fence("acquire", version)?;
@@ -509,8 +478,8 @@ impl LockBackend for SqlBackend {
         let (name, owner, sql) = (lease.name().as_str(), owner.as_str(), &self.inner.sql.renew);
         let rows = self
             .run("renew", || async move {
-                Ok(match &self.inner.pools {
-                    Pools::Postgres(p) => sqlx::query(q(sql))
+                Ok(pool_match!(&self.inner.pools, {
+                    Postgres(p) | Sqlite(p) => sqlx::query(q(sql))
                         .bind(name)
                         .bind(owner)
                         .bind(version as i64)
@@ -518,15 +487,7 @@ impl LockBackend for SqlBackend {
                         .execute(p)
                         .await?
                         .rows_affected(),
-                    Pools::Sqlite(p) => sqlx::query(q(sql))
-                        .bind(name)
-                        .bind(owner)
-                        .bind(version as i64)
-                        .bind(units)
-                        .execute(p)
-                        .await?
-                        .rows_affected(),
-                    Pools::MySql(p) => sqlx::query(q(sql))
+                    MySql(p) => sqlx::query(q(sql))
                         .bind(units)
                         .bind(name.as_bytes())
                         .bind(owner.as_bytes())
@@ -534,7 +495,7 @@ impl LockBackend for SqlBackend {
                         .execute(p)
                         .await?
                         .rows_affected(),
-                })
+                }))
             })
             .await?;
         if rows == 1 {
@@ -603,18 +564,15 @@ impl LockBackend for SqlBackend {
         let (name, sql) = (name.as_str(), &self.inner.sql.inspect);
         let row: Option<(String, u64, i64)> = self
             .run("inspect", || async move {
-                Ok(match &self.inner.pools {
-                    Pools::Postgres(p) => sqlx::query_as::<_, (Option<String>, i64, i64)>(q(sql))
-                        .bind(name)
-                        .fetch_optional(p)
-                        .await?
-                        .map(|(o, v, l)| (o.unwrap_or_default(), v.max(0) as u64, l)),
-                    Pools::Sqlite(p) => sqlx::query_as::<_, (Option<String>, i64, i64)>(q(sql))
-                        .bind(name)
-                        .fetch_optional(p)
-                        .await?
-                        .map(|(o, v, l)| (o.unwrap_or_default(), v.max(0) as u64, l)),
-                    Pools::MySql(p) => sqlx::query_as::<_, (Option<Vec<u8>>, u64, i64)>(q(sql))
+                Ok(pool_match!(&self.inner.pools, {
+                    Postgres(p) | Sqlite(p) => {
+                        sqlx::query_as::<_, (Option<String>, i64, i64)>(q(sql))
+                            .bind(name)
+                            .fetch_optional(p)
+                            .await?
+                            .map(|(o, v, l)| (o.unwrap_or_default(), v.max(0) as u64, l))
+                    },
+                    MySql(p) => sqlx::query_as::<_, (Option<Vec<u8>>, u64, i64)>(q(sql))
                         .bind(name.as_bytes())
                         .fetch_optional(p)
                         .await?
@@ -625,7 +583,7 @@ impl LockBackend for SqlBackend {
                                 l,
                             )
                         }),
-                })
+                }))
             })
             .await?;
         match row {

@@ -76,6 +76,32 @@ macro_rules! run_statements {
     }};
 }
 
+/// PostgreSQL and SQLite: in `tx`, records `token` for `resource` if no
+/// higher one was, then runs the statements and commits. The value of the
+/// fenced write's closure: `Ok(Ok(rows))`, or `Ok(Err(newer))` when refused.
+macro_rules! check_then_run {
+    ($tx:ident, $check:expr, $read:expr, $resource:expr, $token:expr, $statements:expr) => {{
+        // The check returns a row when the token was recorded.
+        let ok = sqlx::query(AssertSqlSafe(Arc::clone($check)))
+            .bind($resource)
+            .bind($token)
+            .fetch_optional(&mut *$tx)
+            .await?
+            .is_some();
+        if ok {
+            let rows = run_statements!($tx, $statements);
+            $tx.commit().await?;
+            Ok(Ok(rows))
+        } else {
+            let newer: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone($read)))
+                .bind($resource)
+                .fetch_one(&mut *$tx)
+                .await?;
+            Ok(Err(newer))
+        }
+    }};
+}
+
 /// A value bound to a placeholder of a fenced statement.
 ///
 /// Placeholders follow the database: `$1, $2, ...` on PostgreSQL,
@@ -238,43 +264,13 @@ impl FencedWrite<'_> {
                 match self.backend.pools() {
                     Pools::Postgres(p) => {
                         let mut tx = p.begin().await?;
-                        let ok = sqlx::query(AssertSqlSafe(Arc::clone(check)))
-                            .bind(resource)
-                            .bind(token)
-                            .fetch_optional(&mut *tx)
-                            .await?
-                            .is_some();
-                        if !ok {
-                            let newer: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(read)))
-                                .bind(resource)
-                                .fetch_one(&mut *tx)
-                                .await?;
-                            return Ok(Err(newer));
-                        }
-                        let rows = run_statements!(tx, statements);
-                        tx.commit().await?;
-                        Ok(Ok(rows))
+                        check_then_run!(tx, check, read, resource, token, statements)
                     }
                     Pools::Sqlite(p) => {
                         // IMMEDIATE: take the write lock now, so two fenced
                         // writers cannot both read and then fail to upgrade.
                         let mut tx = p.begin_with("BEGIN IMMEDIATE").await?;
-                        let ok = sqlx::query(AssertSqlSafe(Arc::clone(check)))
-                            .bind(resource)
-                            .bind(token)
-                            .fetch_optional(&mut *tx)
-                            .await?
-                            .is_some();
-                        if !ok {
-                            let newer: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(read)))
-                                .bind(resource)
-                                .fetch_one(&mut *tx)
-                                .await?;
-                            return Ok(Err(newer));
-                        }
-                        let rows = run_statements!(tx, statements);
-                        tx.commit().await?;
-                        Ok(Ok(rows))
+                        check_then_run!(tx, check, read, resource, token, statements)
                     }
                     Pools::MySql(p) => {
                         let mut tx = p.begin().await?;

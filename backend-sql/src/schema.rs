@@ -19,7 +19,10 @@
 use std::sync::Arc;
 
 use lock_core::LockError;
-use sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection, PgConnection, SqliteConnection};
+use sqlx::{
+    AssertSqlSafe, Connection, Database, Encode, Executor, IntoArguments, MySqlConnection,
+    PgConnection, SqliteConnection, Type,
+};
 
 use crate::dialect::Statements;
 use crate::errors::ErrorContext;
@@ -32,101 +35,122 @@ fn q(sql: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
     AssertSqlSafe(Arc::clone(sql))
 }
 
-/// Whether `table` exists, on any of the three connection types.
-macro_rules! exists {
-    ($conn:expr, $sql:expr, $table:expr) => {
-        sqlx::query(q(&$sql.table_exists))
-            .bind($table.to_string())
-            .fetch_optional(&mut *$conn)
-            .await
-            .map(|r| r.is_some())
-    };
-}
-
 fn shape_error(table: &str, what: &str, e: impl std::fmt::Display) -> LockError {
     LockError::Config(format!(
         "table `{table}` exists but is not a polylock {what} table: {e}"
     ))
 }
 
-/// Ensures the lock table exists and has the expected shape.
-pub(crate) async fn ensure_sqlite(
-    conn: &mut SqliteConnection,
-    sql: &Statements,
-    table: &str,
-    create: &Arc<str>,
-    probe: Option<&Arc<str>>,
-    errors: &ErrorContext,
-) -> Result<(), LockError> {
-    if !exists!(conn, sql, table).map_err(|e| errors.map("looking up the table", e))? {
-        if let Err(e) = conn.execute(q(create)).await {
-            if !exists!(conn, sql, table).unwrap_or(false) {
-                return Err(errors.map(&format!("creating table `{table}`"), e));
-            }
-        }
+/// What table creation does differently on each database.
+pub(crate) trait Schema: Connection {
+    /// Runs the `CREATE TABLE IF NOT EXISTS` statement `create`.
+    async fn create(&mut self, create: &Arc<str>) -> Result<(), sqlx::Error>;
+
+    /// Checks of the lock table beyond the probe statement.
+    async fn check_lock_table(
+        &mut self,
+        _table: &str,
+        _errors: &ErrorContext,
+    ) -> Result<(), LockError> {
+        Ok(())
     }
-    if let Some(probe) = probe {
-        sqlx::query(q(probe))
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| shape_error(table, "lock", e))?;
-    }
-    Ok(())
 }
 
-/// Ensures the table exists (under an advisory lock) and has the expected
-/// shape.
-pub(crate) async fn ensure_postgres(
-    conn: &mut PgConnection,
-    sql: &Statements,
-    table: &str,
-    create: &Arc<str>,
-    probe: Option<&Arc<str>>,
-    errors: &ErrorContext,
-) -> Result<(), LockError> {
-    if !exists!(conn, sql, table).map_err(|e| errors.map("looking up the table", e))? {
-        let created = async {
-            let mut tx = conn.begin().await?;
-            sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(PG_SCHEMA_LOCK)
-                .execute(&mut *tx)
-                .await?;
-            // Quiet the "already exists, skipping" NOTICE a racing creator
-            // would otherwise log.
-            tx.execute("SET LOCAL client_min_messages = warning")
-                .await?;
-            tx.execute(q(create)).await?;
-            tx.commit().await
-        }
-        .await;
-        if let Err(e) = created {
-            if !exists!(conn, sql, table).unwrap_or(false) {
-                return Err(errors.map(&format!("creating table `{table}`"), e));
-            }
-        }
+impl Schema for SqliteConnection {
+    async fn create(&mut self, create: &Arc<str>) -> Result<(), sqlx::Error> {
+        self.execute(q(create)).await.map(drop)
     }
-    if let Some(probe) = probe {
-        sqlx::query(q(probe))
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| shape_error(table, "lock", e))?;
-    }
-    Ok(())
 }
 
-/// Ensures the table exists, has the expected shape, and (for the lock
-/// table) compares names byte by byte.
-pub(crate) async fn ensure_mysql(
-    conn: &mut MySqlConnection,
+/// Creation runs under an advisory lock.
+impl Schema for PgConnection {
+    async fn create(&mut self, create: &Arc<str>) -> Result<(), sqlx::Error> {
+        let mut tx = self.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(PG_SCHEMA_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        // Quiet the "already exists, skipping" NOTICE a racing creator
+        // would otherwise log.
+        tx.execute("SET LOCAL client_min_messages = warning")
+            .await?;
+        tx.execute(q(create)).await?;
+        tx.commit().await
+    }
+}
+
+/// The lock table must compare names byte by byte.
+impl Schema for MySqlConnection {
+    async fn create(&mut self, create: &Arc<str>) -> Result<(), sqlx::Error> {
+        self.execute(q(create)).await.map(drop)
+    }
+
+    async fn check_lock_table(
+        &mut self,
+        table: &str,
+        errors: &ErrorContext,
+    ) -> Result<(), LockError> {
+        let column: Option<(String, Option<String>)> = sqlx::query_as(
+            "SELECT CAST(DATA_TYPE AS CHAR), CAST(COLLATION_NAME AS CHAR) \
+             FROM information_schema.columns \
+             WHERE table_schema = DATABASE() AND table_name = ? AND column_name = 'name'",
+        )
+        .bind(table)
+        .fetch_optional(&mut *self)
+        .await
+        .map_err(|e| errors.map("checking the name column", e))?;
+        let Some((data_type, collation)) = column else {
+            return Err(shape_error(table, "lock", "no `name` column"));
+        };
+        if !name_column_is_exact(&data_type, collation.as_deref()) {
+            return Err(LockError::Config(format!(
+                "column `{table}.name` is {data_type} with collation {}: it does not compare \
+                 bytes, so names differing in case, accents or trailing spaces would be one lock; \
+                 use `name VARBINARY(512) NOT NULL` (see docs/sql.md)",
+                collation.unwrap_or_else(|| "none".into())
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `table` exists.
+async fn exists<C>(conn: &mut C, sql: &Statements, table: &str) -> Result<bool, sqlx::Error>
+where
+    C: Connection,
+    for<'c> &'c mut C: Executor<'c, Database = C::Database>,
+    for<'q> String: Encode<'q, C::Database> + Type<C::Database>,
+    <C::Database as Database>::Arguments: IntoArguments<C::Database>,
+{
+    sqlx::query(q(&sql.table_exists))
+        .bind(table.to_string())
+        .fetch_optional(&mut *conn)
+        .await
+        .map(|r| r.is_some())
+}
+
+/// Ensures the table exists and, given the lock table's `probe`, has the
+/// lock table's shape.
+pub(crate) async fn ensure<C>(
+    conn: &mut C,
     sql: &Statements,
     table: &str,
     create: &Arc<str>,
     probe: Option<&Arc<str>>,
     errors: &ErrorContext,
-) -> Result<(), LockError> {
-    if !exists!(conn, sql, table).map_err(|e| errors.map("looking up the table", e))? {
-        if let Err(e) = conn.execute(q(create)).await {
-            if !exists!(conn, sql, table).unwrap_or(false) {
+) -> Result<(), LockError>
+where
+    C: Schema,
+    for<'c> &'c mut C: Executor<'c, Database = C::Database>,
+    for<'q> String: Encode<'q, C::Database> + Type<C::Database>,
+    <C::Database as Database>::Arguments: IntoArguments<C::Database>,
+{
+    if !exists(conn, sql, table)
+        .await
+        .map_err(|e| errors.map("looking up the table", e))?
+    {
+        if let Err(e) = conn.create(create).await {
+            if !exists(conn, sql, table).await.unwrap_or(false) {
                 return Err(errors.map(&format!("creating table `{table}`"), e));
             }
         }
@@ -138,27 +162,7 @@ pub(crate) async fn ensure_mysql(
         .fetch_all(&mut *conn)
         .await
         .map_err(|e| shape_error(table, "lock", e))?;
-    let column: Option<(String, Option<String>)> = sqlx::query_as(
-        "SELECT CAST(DATA_TYPE AS CHAR), CAST(COLLATION_NAME AS CHAR) \
-         FROM information_schema.columns \
-         WHERE table_schema = DATABASE() AND table_name = ? AND column_name = 'name'",
-    )
-    .bind(table)
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(|e| errors.map("checking the name column", e))?;
-    let Some((data_type, collation)) = column else {
-        return Err(shape_error(table, "lock", "no `name` column"));
-    };
-    if !name_column_is_exact(&data_type, collation.as_deref()) {
-        return Err(LockError::Config(format!(
-            "column `{table}.name` is {data_type} with collation {}: it does not compare \
-             bytes, so names differing in case, accents or trailing spaces would be one lock; \
-             use `name VARBINARY(512) NOT NULL` (see docs/sql.md)",
-            collation.unwrap_or_else(|| "none".into())
-        )));
-    }
-    Ok(())
+    conn.check_lock_table(table, errors).await
 }
 
 /// VARBINARY/BINARY/BLOB compare bytes; among text collations only the

@@ -95,11 +95,12 @@ fn a_held_lock_makes_run_exit_75_without_running_the_command() {
 #[test]
 fn concurrent_runs_on_one_name_never_overlap() {
     let dir = tempfile::tempdir().unwrap();
-    // Each run checks for a marker, creates it, works, removes it, and logs
-    // its fencing token.
+    // All start at once on a fresh database file (first use races the
+    // table creation and SQLite's switch to WAL). Each run checks for a
+    // marker, creates it, works, removes it, and logs its fencing token.
     let script = "if [ -e inside ]; then echo OVERLAP; fi; touch inside; sleep 0.2; \
                   rm inside; echo $POLYLOCK_FENCE >> fences";
-    let children: Vec<_> = (0..4)
+    let children: Vec<_> = (0..6)
         .map(|_| {
             polylock(dir.path())
                 .args(["run", "--wait", "60s", "shared", "--", "sh", "-c", script])
@@ -119,7 +120,7 @@ fn concurrent_runs_on_one_name_never_overlap() {
     }
     let fences = std::fs::read_to_string(dir.path().join("fences")).unwrap();
     let fences: Vec<u64> = fences.lines().map(|l| l.parse().unwrap()).collect();
-    assert_eq!(fences.len(), 4);
+    assert_eq!(fences.len(), 6);
     assert!(
         fences.windows(2).all(|w| w[0] < w[1]),
         "fences not increasing: {fences:?}"

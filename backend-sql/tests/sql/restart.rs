@@ -147,14 +147,23 @@ async fn restart_while_held(url: String, expect: Expect, restart: impl FnOnce() 
     client.release(&next).await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_restart_while_held() {
-    let server = Arc::new(
-        tokio::task::spawn_blocking(testkit::PostgresServer::start)
+/// A server for this test alone, as it stops it; started off the async
+/// runtime.
+async fn own_server<S: Send + 'static>(
+    start: fn() -> testkit::Result<S>,
+    what: &'static str,
+) -> Arc<S> {
+    Arc::new(
+        tokio::task::spawn_blocking(start)
             .await
             .unwrap()
-            .expect("start PostgreSQL"),
-    );
+            .expect(what),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restart_while_held() {
+    let server = own_server(testkit::PostgresServer::start, "start PostgreSQL").await;
     let s = server.clone();
     restart_while_held(server.url(), Expect::SurviveOrLose, move || {
         s.restart().expect("restart")
@@ -164,12 +173,7 @@ async fn postgres_restart_while_held() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_outage_longer_than_the_ttl_loses_the_lock() {
-    let server = Arc::new(
-        tokio::task::spawn_blocking(testkit::PostgresServer::start)
-            .await
-            .unwrap()
-            .expect("start PostgreSQL"),
-    );
+    let server = own_server(testkit::PostgresServer::start, "start PostgreSQL").await;
     let s = server.clone();
     restart_while_held(server.url(), Expect::Lose, move || {
         s.kill().expect("kill");
@@ -181,12 +185,7 @@ async fn postgres_outage_longer_than_the_ttl_loses_the_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_restart_while_held() {
-    let server = Arc::new(
-        tokio::task::spawn_blocking(testkit::MariaDbServer::start)
-            .await
-            .unwrap()
-            .expect("start MariaDB"),
-    );
+    let server = own_server(testkit::MariaDbServer::start, "start MariaDB").await;
     let s = server.clone();
     restart_while_held(server.url(), Expect::SurviveOrLose, move || {
         s.restart().expect("restart")
