@@ -87,3 +87,20 @@ async fn with_lock_cancels_the_closure_when_the_lock_is_lost() {
         .await;
     assert_eq!(ok.unwrap(), 2);
 }
+
+#[test]
+fn guards_lockers_and_their_futures_are_send() {
+    fn send<T: Send>(_: &T) {}
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Locker>();
+    send_sync::<lock_core::Owner>();
+    let locker = Locker::new(MemoryBackend::new());
+    let acquire = locker.lock("s").acquire();
+    send(&acquire);
+    let run = locker.with_lock("s", |_| async {});
+    send(&run);
+    fn guard_is_send(g: lock_core::LockGuard) -> impl Send {
+        g
+    }
+    let _ = guard_is_send;
+}
