@@ -16,103 +16,50 @@ struct Scheme {
     connect: Option<Connect>,
 }
 
+/// A table entry: its connect function exists only when its cargo feature
+/// is on; otherwise the entry stays, so errors can name the feature.
+macro_rules! scheme {
+    ($scheme:literal, $feature:literal, $connect:expr) => {
+        Scheme {
+            scheme: $scheme,
+            feature: $feature,
+            #[cfg(feature = $feature)]
+            connect: Some($connect),
+            #[cfg(not(feature = $feature))]
+            connect: None,
+        }
+    };
+    ($scheme:literal, $feature:literal) => {
+        Scheme {
+            scheme: $scheme,
+            feature: $feature,
+            connect: None,
+        }
+    };
+}
+
 /// Every scheme, compiled in or not, so an error can say which feature to
 /// turn on.
 const SCHEMES: &[Scheme] = &[
-    Scheme {
-        scheme: "memory",
-        feature: "memory",
-        #[cfg(feature = "memory")]
-        connect: Some(|url| Box::pin(async move { crate::memory::connect(&url) })),
-        #[cfg(not(feature = "memory"))]
-        connect: None,
-    },
-    Scheme {
-        scheme: "redis",
-        feature: "redis",
-        #[cfg(feature = "redis")]
-        connect: Some(connect_redis),
-        #[cfg(not(feature = "redis"))]
-        connect: None,
-    },
-    Scheme {
-        scheme: "rediss",
-        feature: "redis",
-        #[cfg(feature = "redis")]
-        connect: Some(connect_redis),
-        #[cfg(not(feature = "redis"))]
-        connect: None,
-    },
-    Scheme {
-        scheme: "redis+cluster",
-        feature: "redis",
-        #[cfg(feature = "redis")]
-        connect: Some(connect_redis),
-        #[cfg(not(feature = "redis"))]
-        connect: None,
-    },
-    Scheme {
-        scheme: "etcd",
-        feature: "etcd",
-        #[cfg(feature = "etcd")]
-        connect: Some(connect_etcd),
-        #[cfg(not(feature = "etcd"))]
-        connect: None,
-    },
-    Scheme {
-        scheme: "etcds",
-        feature: "etcd",
-        #[cfg(feature = "etcd")]
-        connect: Some(connect_etcd),
-        #[cfg(not(feature = "etcd"))]
-        connect: None,
-    },
-    Scheme {
-        scheme: "zk",
-        feature: "zookeeper",
-        connect: None,
-    },
-    Scheme {
-        scheme: "sqlite",
-        feature: "sql",
-        #[cfg(feature = "sql")]
-        connect: Some(connect_sql),
-        #[cfg(not(feature = "sql"))]
-        connect: None,
-    },
-    Scheme {
-        scheme: "postgres",
-        feature: "sql",
-        #[cfg(feature = "sql")]
-        connect: Some(connect_sql),
-        #[cfg(not(feature = "sql"))]
-        connect: None,
-    },
-    Scheme {
-        scheme: "postgresql",
-        feature: "sql",
-        #[cfg(feature = "sql")]
-        connect: Some(connect_sql),
-        #[cfg(not(feature = "sql"))]
-        connect: None,
-    },
-    Scheme {
-        scheme: "mysql",
-        feature: "sql",
-        #[cfg(feature = "sql")]
-        connect: Some(connect_sql),
-        #[cfg(not(feature = "sql"))]
-        connect: None,
-    },
-    Scheme {
-        scheme: "mariadb",
-        feature: "sql",
-        #[cfg(feature = "sql")]
-        connect: Some(connect_sql),
-        #[cfg(not(feature = "sql"))]
-        connect: None,
-    },
+    scheme!("memory", "memory", connect_memory),
+    scheme!("redis", "redis", connect_redis),
+    scheme!("rediss", "redis", connect_redis),
+    scheme!("redis+cluster", "redis", connect_redis),
+    scheme!("etcd", "etcd", connect_etcd),
+    scheme!("etcds", "etcd", connect_etcd),
+    scheme!("zk", "zookeeper"),
+    scheme!("sqlite", "sql", connect_sql),
+    scheme!("postgres", "sql", connect_sql),
+    scheme!("postgresql", "sql", connect_sql),
+    scheme!("mysql", "sql", connect_sql),
+    scheme!("mariadb", "sql", connect_sql),
 ];
+
+/// `memory://NAME`: a process-wide in-memory table per NAME.
+#[cfg(feature = "memory")]
+fn connect_memory(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>> {
+    Box::pin(async move { crate::memory::connect(&url) })
+}
 
 /// `sqlite://`, `postgres://`, `postgresql://`, `mysql://`, `mariadb://`:
 /// one SQL client (its own pool); the URL's query carries the options.
