@@ -7,9 +7,10 @@ use lock_core::{ExpiryClock, FencingGuarantee, Guarantees, WaitMechanism};
 /// What each backend compiled into this build declares it guarantees, in a
 /// stable order. These are the claims the conformance suite selects cases
 /// by (and the fault suite is there to check).
+// Which pushes happen depends on the cargo features of the build.
+#[allow(clippy::vec_init_then_push)]
 pub fn declared_guarantees() -> Vec<Guarantees> {
-    // Which pushes happen depends on the cargo features of the build.
-    #[allow(unused_mut, clippy::vec_init_then_push)]
+    #[allow(unused_mut)]
     let mut all = Vec::new();
     #[cfg(feature = "memory")]
     all.push(lock_core::LockBackend::guarantees(
