@@ -17,7 +17,7 @@ use crate::name::LockName;
 use crate::observe::{self, Outcome};
 use crate::owner::Owner;
 use crate::token::OwnerToken;
-use crate::watchdog;
+use crate::watchdog::Watchdog;
 
 /// The default lease length.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -48,6 +48,8 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 #[derive(Clone, Debug)]
 pub struct Locker {
     backend: Arc<dyn LockBackend>,
+    /// Renews the leases taken through this locker and its clones.
+    watchdog: Arc<Watchdog>,
     ttl: Duration,
     wait: Duration,
     clock: ClockPolicy,
@@ -63,6 +65,7 @@ impl Locker {
     pub fn from_arc(backend: Arc<dyn LockBackend>) -> Self {
         Locker {
             backend,
+            watchdog: Arc::default(),
             ttl: DEFAULT_TTL,
             wait: Duration::ZERO,
             clock: ClockPolicy::default(),
@@ -300,7 +303,7 @@ impl LockBuilder {
                 .insert(backend_id(backend), req.name.clone(), &held);
         }
         if self.auto_renew {
-            watchdog::spawn(&held);
+            self.locker.watchdog.watch(&held);
         }
         Ok(Some(LockGuard::new(held)))
     }

@@ -1,88 +1,222 @@
-//! The watchdog: renews a held lease at a third of its TTL.
+//! The watchdog: renews held leases at a third of their TTL.
+//!
+//! One scheduler task per [`Locker`](crate::Locker) (shared by its clones)
+//! keeps every held lease's next renewal time in a heap and sleeps until the
+//! earliest. Taking a lock only pushes onto that heap: no task is spawned
+//! and, in the steady state, no thread is woken (the scheduler is told only
+//! when a new renewal is due before its planned wake-up). A renewal itself
+//! runs as a short task of its own, so a slow server never delays the
+//! renewals of other locks.
+//!
+//! A renewal that fails is retried with backoff until the lease's local
+//! deadline; then, or at once when the backend says the lease is no longer
+//! ours, the lease is marked lost. Release, drop of the last guard and loss
+//! cancel `held.stop`: the lease is skipped from then on and an in-flight
+//! renewal is aborted, so renewals never outlive the guards.
 
-use std::sync::Arc;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tracing::Instrument;
 
 use crate::held::Held;
 use crate::observe;
 
-/// Starts the watchdog of `held` on the current runtime.
-///
-/// It renews at `sent_at + ttl/3` of the current lease. A failed renew is
-/// retried with backoff until the lease's local deadline; then, or at once
-/// when the backend says the lease is no longer ours, it marks the lease
-/// lost. It exits on release, on drop of the last guard (both cancel
-/// `held.stop` and abort the task) and on loss, so it never outlives the
-/// guards.
-pub(crate) fn spawn(held: &Arc<Held>) {
-    let task = tokio::spawn(run(Arc::clone(held)));
-    held.set_watchdog(task.abort_handle());
+/// How long the scheduler sleeps when nothing is due sooner. Short enough
+/// that an idle scheduler notices its locker is gone, long enough to cost
+/// nothing.
+const IDLE: Duration = Duration::from_secs(1);
+
+/// The renewal scheduler of one locker.
+#[derive(Default)]
+pub(crate) struct Watchdog {
+    inner: Arc<Inner>,
 }
 
-async fn run(held: Arc<Held>) {
+#[derive(Default)]
+struct Inner {
+    state: Mutex<State>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    /// (renew at, insertion number, lease): the earliest first.
+    queue: BinaryHeap<Reverse<Entry>>,
+    next_id: u64,
+    /// When the scheduler will look at the queue next (None: not running).
+    planned: Option<Instant>,
+    task: Option<JoinHandle<()>>,
+}
+
+struct Entry {
+    at: Instant,
+    id: u64,
+    held: Weak<Held>,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.id) == (other.at, other.id)
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Entry {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.id).cmp(&(other.at, other.id))
+    }
+}
+
+impl std::fmt::Debug for Watchdog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watchdog").finish_non_exhaustive()
+    }
+}
+
+impl Watchdog {
+    /// Schedules the next renewal of `held` at `sent_at + ttl/3` of its
+    /// current lease. Must run inside a tokio runtime.
+    pub(crate) fn watch(&self, held: &Arc<Held>) {
+        schedule(&self.inner, held);
+    }
+}
+
+fn lock(inner: &Inner) -> std::sync::MutexGuard<'_, State> {
+    // Every critical section is a heap push/pop or a field assignment.
+    inner.state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn schedule(inner: &Arc<Inner>, held: &Arc<Held>) {
+    let lease = held.current();
+    let at = lease.sent_at() + lease.ttl() / 3;
+    let mut st = lock(inner);
+    let id = st.next_id;
+    st.next_id += 1;
+    st.queue.push(Reverse(Entry {
+        at,
+        id,
+        held: Arc::downgrade(held),
+    }));
+    // (Re)start the scheduler if it is not running on a live runtime: the
+    // runtime it ran on may have shut down since.
+    if st.task.as_ref().is_none_or(|t| t.is_finished()) {
+        st.planned = Some(at);
+        st.task = Some(tokio::spawn(run(Arc::downgrade(inner))));
+    } else if st.planned.is_none_or(|p| at < p) {
+        st.planned = Some(at);
+        drop(st);
+        inner.wake.notify_one();
+    }
+}
+
+/// The scheduler loop. Between rounds it holds only a weak reference, so it
+/// ends at its next wake-up (within [`IDLE`]) once its locker (every clone)
+/// and every lease's renewal are gone.
+async fn run(inner: Weak<Inner>) {
     loop {
-        let lease = held.current();
-        let renew_at = lease.sent_at() + lease.ttl() / 3;
-        tokio::select! {
-            _ = held.stop.cancelled() => return,
-            _ = sleep_until(renew_at) => {}
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let now = Instant::now();
+        let mut due = Vec::new();
+        let next = {
+            let mut st = lock(&strong);
+            while st.queue.peek().is_some_and(|Reverse(e)| e.at <= now) {
+                if let Some(Reverse(e)) = st.queue.pop() {
+                    due.push(e.held);
+                }
+            }
+            let next = st
+                .queue
+                .peek()
+                .map_or(now + IDLE, |Reverse(e)| e.at.min(now + IDLE));
+            st.planned = Some(next);
+            next
+        };
+        for held in due.iter().filter_map(Weak::upgrade) {
+            if !held.stop.is_cancelled() {
+                let task = tokio::spawn(renew(Arc::clone(&strong), Arc::clone(&held)));
+                held.set_watchdog(task.abort_handle());
+            }
         }
-        let mut pause = (lease.ttl() / 20).clamp(Duration::from_millis(5), Duration::from_secs(1));
-        loop {
-            let deadline = lease.deadline();
-            let attempt = tokio::select! {
-                _ = held.stop.cancelled() => return,
-                r = timeout_at(deadline, held.backend.renew(&lease)).instrument(tracing::debug_span!(
-                    "polylock.renew",
+        // A schedule() between the unlock above and this wait leaves a
+        // permit in `wake`, so it is not missed.
+        tokio::select! {
+            _ = strong.wake.notified() => {}
+            _ = sleep_until(next) => {}
+        }
+    }
+}
+
+/// One renewal of `held`, retried until its deadline; schedules the next.
+async fn renew(inner: Arc<Inner>, held: Arc<Held>) {
+    let lease = held.current();
+    let mut pause = (lease.ttl() / 20).clamp(Duration::from_millis(5), Duration::from_secs(1));
+    loop {
+        let deadline = lease.deadline();
+        let span = tracing::debug_span!(
+            "polylock.renew",
+            backend = held.backend_name,
+            name = %lease.name(),
+            fence = lease.fence().get(),
+        );
+        let attempt = tokio::select! {
+            _ = held.stop.cancelled() => return,
+            r = timeout_at(deadline, held.backend.renew(&lease)).instrument(span) => r,
+        };
+        match attempt {
+            Ok(Ok(renewed)) => {
+                tracing::trace!(
+                    backend = held.backend_name,
+                    name = %renewed.name(),
+                    fence = renewed.fence().get(),
+                    "polylock: renewed"
+                );
+                held.lease.send_replace(renewed);
+                if !held.stop.is_cancelled() {
+                    schedule(&inner, &held);
+                }
+                return;
+            }
+            Ok(Err(e)) if e.is_lost() => {
+                held.mark_lost("the backend reports the lease is no longer ours");
+                return;
+            }
+            Ok(Err(e)) => {
+                observe::renew_failed(held.backend_name);
+                tracing::debug!(
                     backend = held.backend_name,
                     name = %lease.name(),
-                    fence = lease.fence().get(),
-                )) => r,
-            };
-            match attempt {
-                Ok(Ok(renewed)) => {
-                    tracing::trace!(
-                        backend = held.backend_name,
-                        name = %renewed.name(),
-                        fence = renewed.fence().get(),
-                        "polylock: renewed"
-                    );
-                    held.lease.send_replace(renewed);
-                    break;
-                }
-                Ok(Err(e)) if e.is_lost() => {
-                    held.mark_lost("the backend reports the lease is no longer ours");
+                    error = %e,
+                    "polylock: renew failed; retrying until the deadline"
+                );
+                let now = Instant::now();
+                if now >= deadline {
+                    held.mark_lost("renewal kept failing until the deadline");
                     return;
                 }
-                Ok(Err(e)) => {
-                    observe::renew_failed(held.backend_name);
-                    tracing::debug!(
-                        backend = held.backend_name,
-                        name = %lease.name(),
-                        error = %e,
-                        "polylock: renew failed; retrying until the deadline"
-                    );
-                    let now = Instant::now();
-                    if now >= deadline {
-                        held.mark_lost("renewal kept failing until the deadline");
-                        return;
-                    }
-                    tokio::select! {
-                        _ = held.stop.cancelled() => return,
-                        _ = sleep_until(deadline.min(now + pause)) => {}
-                    }
-                    pause = (pause * 2)
-                        .min(lease.ttl() / 6)
-                        .max(Duration::from_millis(5));
+                tokio::select! {
+                    _ = held.stop.cancelled() => return,
+                    _ = sleep_until(deadline.min(now + pause)) => {}
                 }
-                Err(_elapsed) => {
-                    observe::renew_failed(held.backend_name);
-                    held.mark_lost("no renewal answered before the deadline");
-                    return;
-                }
+                pause = (pause * 2)
+                    .min(lease.ttl() / 6)
+                    .max(Duration::from_millis(5));
+            }
+            Err(_elapsed) => {
+                observe::renew_failed(held.backend_name);
+                held.mark_lost("no renewal answered before the deadline");
+                return;
             }
         }
     }
