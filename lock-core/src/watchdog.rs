@@ -49,6 +49,8 @@ struct State {
     /// (renew at, insertion number, lease): the earliest first.
     queue: BinaryHeap<Reverse<Entry>>,
     next_id: u64,
+    /// Queue length after the last sweep of released leases.
+    swept_len: usize,
     /// When the scheduler will look at the queue next (None: not running).
     planned: Option<Instant>,
     task: Option<JoinHandle<()>>,
@@ -100,6 +102,14 @@ fn schedule(inner: &Arc<Inner>, held: &Arc<Held>) {
     let lease = held.current();
     let at = lease.sent_at() + lease.ttl() / 3;
     let mut st = lock(inner);
+    // Released leases stay queued until their renewal time comes round;
+    // with many short holdings that adds up, so sweep them out once the
+    // queue has doubled since the last sweep (amortized O(1) per push).
+    if st.queue.len() >= 2 * st.swept_len.max(512) {
+        st.queue
+            .retain(|Reverse(e)| e.held.upgrade().is_some_and(|h| !h.stop.is_cancelled()));
+        st.swept_len = st.queue.len();
+    }
     let id = st.next_id;
     st.next_id += 1;
     st.queue.push(Reverse(Entry {
@@ -219,5 +229,33 @@ async fn renew(inner: Arc<Inner>, held: Arc<Held>) {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AcquireRequest, LockBackend, LockName, MemoryBackend, OwnerToken};
+
+    #[tokio::test]
+    async fn released_leases_are_swept_from_the_queue() {
+        let backend: Arc<dyn LockBackend> = Arc::new(MemoryBackend::new());
+        let watchdog = Watchdog::default();
+        for i in 0..5000 {
+            let name = LockName::new(format!("n{i}")).unwrap();
+            let req = AcquireRequest::new(
+                name,
+                OwnerToken::random(),
+                Duration::from_secs(30),
+                Duration::ZERO,
+            )
+            .unwrap();
+            let lease = backend.try_acquire(&req).await.unwrap().unwrap();
+            let held = Held::new(Arc::clone(&backend), lease, None);
+            watchdog.watch(&held);
+            assert!(held.drop_hold().is_some(), "the only hold was given back");
+        }
+        let queued = lock(&watchdog.inner).queue.len();
+        assert!(queued <= 1025, "{queued} renewals queued for 0 live leases");
     }
 }

@@ -104,3 +104,25 @@ fn guards_lockers_and_their_futures_are_send() {
     }
     let _ = guard_is_send;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweeping_released_leases_keeps_live_renewals() {
+    // 20k acquire/release cycles with the default 30 s TTL schedule renewals
+    // 10 s out, so the watchdog sweeps released ones many times meanwhile
+    // (the bound itself is checked in watchdog.rs); a live lease's renewal
+    // must survive every sweep.
+    let locker = Locker::new(MemoryBackend::new());
+    let keeper = locker
+        .lock("kept")
+        .ttl(Duration::from_millis(600))
+        .acquire()
+        .await
+        .unwrap();
+    for _ in 0..20_000 {
+        let g = locker.lock("churn").acquire().await.unwrap();
+        g.release().await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(keeper.is_held(), "a sweep dropped a live lease's renewal");
+    keeper.release().await.unwrap();
+}
