@@ -22,7 +22,6 @@ checks=(
   "mariadb-install-db mariadb-server"
   "mariadb mariadb-client"
   "faketime faketime"
-  "protoc protobuf-compiler"
   "ip iproute2"
   "nft nftables"
   "pkill procps"

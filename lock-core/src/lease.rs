@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::name::LockName;
 use crate::token::{FencingToken, OwnerToken};
@@ -58,6 +59,7 @@ pub struct Lease {
     deadline: Instant,
     policy: ClockPolicy,
     key: Option<Arc<str>>,
+    revoked: Option<CancellationToken>,
 }
 
 impl Lease {
@@ -80,6 +82,7 @@ impl Lease {
             sent_at,
             policy,
             key: None,
+            revoked: None,
         }
     }
 
@@ -89,6 +92,27 @@ impl Lease {
     pub fn with_backend_key(mut self, key: impl Into<Arc<str>>) -> Self {
         self.key = Some(key.into());
         self
+    }
+
+    /// Attaches a signal the backend fires when it learns, on its own, that
+    /// this lease is gone: an etcd session that closed or whose keepalive
+    /// answered TTL 0, a ZooKeeper session that expired. The guard turns it
+    /// into `lost()` at once instead of at the next renewal. Renewed leases
+    /// keep the signal.
+    pub fn with_revocation(mut self, revoked: CancellationToken) -> Self {
+        self.revoked = Some(revoked);
+        self
+    }
+
+    /// The signal set by [`with_revocation`](Lease::with_revocation), if any.
+    pub fn revocation(&self) -> Option<&CancellationToken> {
+        self.revoked.as_ref()
+    }
+
+    /// Whether the backend has revoked this lease (see
+    /// [`with_revocation`](Lease::with_revocation)).
+    pub fn is_revoked(&self) -> bool {
+        self.revoked.as_ref().is_some_and(CancellationToken::is_cancelled)
     }
 
     /// The same lease extended by a renew request sent at `sent_at` that the
