@@ -24,7 +24,12 @@ if [[ "${1-}" != --hidden ]]; then
 fi
 
 scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"' EXIT
+hidden=()
+cleanup() {
+  for p in "${hidden[@]}"; do umount "$p" 2>/dev/null || true; done
+  rm -rf "$scratch"
+}
+trap cleanup EXIT
 
 # --- hide the build tools -------------------------------------------------
 cat >"$scratch/no-protoc" <<'STUB'
@@ -34,15 +39,15 @@ exit 127
 STUB
 chmod +x "$scratch/no-protoc"
 mkdir "$scratch/empty"
-hidden=()
 for p in /usr/bin/protoc /usr/local/bin/protoc /bin/protoc $(type -ap protoc || true); do
-  if [[ -e "$p" ]]; then
+  p=$(readlink -f "$p" 2>/dev/null || echo "$p")
+  if [[ -e "$p" && " ${hidden[*]-} " != *" $p "* ]]; then
     mount --bind "$scratch/no-protoc" "$p"
     hidden+=("$p")
   fi
 done
 for d in /usr/include/google/protobuf /usr/local/include/google/protobuf; do
-  if [[ -d "$d" ]]; then
+  if [[ -d "$d" && " ${hidden[*]-} " != *" $d "* ]]; then
     mount --bind "$scratch/empty" "$d"
     hidden+=("$d")
   fi
@@ -57,6 +62,7 @@ quick_start=$(grep -m1 -E '^cargo run --release -p polylock -- run nightly-repor
   exit 1
 }
 echo "fresh-build-check: \$ $quick_start"
+untracked_before=$(git status --porcelain --untracked-files=all | grep '^??' || true)
 out=$(eval "$quick_start")
 echo "$out"
 expected=$(sed -E 's/.*-- echo "(.*)"$/\1/' <<<"$quick_start")
@@ -64,7 +70,8 @@ if [[ "$out" != "$expected" ]]; then
   echo "fresh-build-check: the quick start printed '$out', not '$expected'" >&2
   exit 1
 fi
-untracked=$(git status --porcelain --untracked-files=all | grep '^??' || true)
+untracked=$(comm -13 <(echo "$untracked_before") \
+  <(git status --porcelain --untracked-files=all | grep '^??' || true))
 if [[ -n "$untracked" ]]; then
   echo "fresh-build-check: the quick start left untracked files:" >&2
   echo "$untracked" >&2

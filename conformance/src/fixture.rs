@@ -28,6 +28,28 @@ pub trait Fixture: Send + Sync {
         assert!(removed, "remove_behind_back: {name:?} was not held");
         Ok(())
     }
+
+    /// Restarts the service with its data kept (same port, same data
+    /// directory), waiting until it is ready again. Clients made before must
+    /// recover by themselves. `Ok(false)`: this fixture cannot restart its
+    /// service, so a backend that declares `survives_restart` fails the
+    /// restart case instead of skipping it.
+    async fn restart_server(&self) -> Result<bool, String> {
+        Ok(false)
+    }
+
+    /// A client whose every byte to and from the service is delayed by
+    /// `delay` (the test kit's proxy), so a case can tell a deadline taken
+    /// at send time from one taken at receipt. `None`: no network to delay
+    /// (in-process or embedded backends) or clients that bypass a proxy
+    /// (cluster clients that discover node addresses).
+    async fn client_with_reply_delay(
+        &self,
+        delay: Duration,
+    ) -> Result<Option<Arc<dyn LockBackend>>, LockError> {
+        let _ = delay;
+        Ok(None)
+    }
 }
 
 /// What a case sees: the fixture, a unique name prefix, and helpers.

@@ -78,3 +78,42 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_else(|| "case panicked".into())
 }
+
+/// The outcome of one case: `Err` carries the failure message.
+pub type CaseOutcome = (&'static str, Result<(), String>);
+
+/// Runs every case that applies to `fixture`'s guarantees, each on a
+/// thread and runtime of its own, all at once, and returns every outcome.
+/// For testing the suite itself (see [`crate::broken`]).
+pub fn run_every_case(fixture: Arc<dyn Fixture>) -> Vec<CaseOutcome> {
+    let promised = fixture.guarantees();
+    let threads: Vec<_> = all()
+        .into_iter()
+        .filter(|case| (case.applies)(&promised))
+        .map(|Case { name, run, .. }| {
+            let fixture = Arc::clone(&fixture);
+            let thread = std::thread::spawn(move || {
+                run_case(fixture.as_ref(), name, run).map_err(|f| {
+                    f.message()
+                        .map_or_else(|| "failed".to_string(), str::to_string)
+                })
+            });
+            (name, thread)
+        })
+        .collect();
+    threads
+        .into_iter()
+        .map(|(name, thread)| {
+            let outcome = thread
+                .join()
+                .unwrap_or_else(|_| Err("the case's thread panicked".into()));
+            (name, outcome)
+        })
+        .collect()
+}
+
+/// Whether a failure message is the harness's own "case hung" verdict
+/// rather than a failed assertion.
+pub fn is_timeout(message: &str) -> bool {
+    message.starts_with("case did not finish within")
+}

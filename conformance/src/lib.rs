@@ -7,6 +7,7 @@
 //! (`cargo test -p conformance -- memory::`).
 
 pub mod backends;
+pub mod broken;
 pub mod cases;
 pub mod counting;
 pub mod fixture;

@@ -1,18 +1,18 @@
 //! etcd spawned by the test kit: a single member, and a three-member
 //! cluster whose clients balance over all members.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use backend_etcd::EtcdBackend;
 use lock_core::{Guarantees, LockBackend, LockError};
-use testkit::{EtcdCluster, EtcdServer};
+use testkit::{EtcdCluster, EtcdServer, Mode, Proxy};
 
 use super::Registration;
 use crate::fixture::Fixture;
 
 /// What keeps the members alive for the whole run.
-#[allow(dead_code)] // held only for its lifetime
 enum Keep {
     Single(Box<EtcdServer>),
     Cluster(EtcdCluster),
@@ -22,7 +22,9 @@ enum Keep {
 /// channel and sessions).
 struct EtcdFixture {
     url: String,
-    _keep: Keep,
+    keep: Keep,
+    /// Proxies of delayed clients, alive as long as the fixture.
+    proxies: Mutex<Vec<Proxy>>,
 }
 
 #[async_trait]
@@ -32,6 +34,35 @@ impl Fixture for EtcdFixture {
     }
     async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
         Ok(Arc::new(EtcdBackend::connect(&self.url).await?))
+    }
+
+    async fn restart_server(&self) -> Result<bool, String> {
+        tokio::task::block_in_place(|| match &self.keep {
+            Keep::Single(server) => server.restart(),
+            // One member at a time, so the cluster keeps its quorum.
+            Keep::Cluster(cluster) => cluster.members().iter().try_for_each(|m| m.restart()),
+        })
+        .map_err(|e| e.to_string())?;
+        Ok(true)
+    }
+
+    async fn client_with_reply_delay(
+        &self,
+        delay: Duration,
+    ) -> Result<Option<Arc<dyn LockBackend>>, LockError> {
+        let Keep::Single(server) = &self.keep else {
+            // Three endpoints would need three proxies; one member covers
+            // the deadline arithmetic, which does not depend on the cluster.
+            return Ok(None);
+        };
+        let proxy = Proxy::start(server.addr()).map_err(|e| LockError::Config(e.to_string()))?;
+        proxy.set_mode(Mode::Delay(delay));
+        let url = format!("etcd://{}", proxy.addr());
+        self.proxies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(proxy);
+        Ok(Some(Arc::new(EtcdBackend::connect(&url).await?)))
     }
 }
 
@@ -66,7 +97,8 @@ fn single_setup() -> Result<Arc<dyn Fixture>, String> {
     let server = EtcdServer::start().map_err(|e| e.to_string())?;
     Ok(Arc::new(EtcdFixture {
         url: url_of(&[server.endpoint()]),
-        _keep: Keep::Single(Box::new(server)),
+        keep: Keep::Single(Box::new(server)),
+        proxies: Mutex::default(),
     }))
 }
 
@@ -74,6 +106,7 @@ fn cluster_setup() -> Result<Arc<dyn Fixture>, String> {
     let cluster = EtcdCluster::start(3).map_err(|e| e.to_string())?;
     Ok(Arc::new(EtcdFixture {
         url: url_of(&cluster.endpoints()),
-        _keep: Keep::Cluster(cluster),
+        keep: Keep::Cluster(cluster),
+        proxies: Mutex::default(),
     }))
 }

@@ -1,12 +1,13 @@
 //! Redis: a spawned `redis-server` per wire format, and a spawned
 //! three-master Redis Cluster.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use backend_redis::RedisBackend;
 use lock_core::{Guarantees, LockBackend, LockError};
-use testkit::{RedisCluster, RedisServer};
+use testkit::{Mode, Proxy, RedisCluster, RedisServer};
 
 use super::Registration;
 use crate::fixture::Fixture;
@@ -17,7 +18,12 @@ use crate::fixture::Fixture;
 struct RedisFixture {
     url: String,
     /// Kept alive (and killed on drop) with the fixture.
-    _servers: Vec<RedisServer>,
+    servers: Vec<RedisServer>,
+    /// Cluster clients learn node addresses from the cluster and would
+    /// bypass a proxy.
+    cluster: bool,
+    /// Proxies of delayed clients, alive as long as the fixture.
+    proxies: Mutex<Vec<Proxy>>,
 }
 
 #[async_trait]
@@ -28,13 +34,34 @@ impl Fixture for RedisFixture {
     async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
         Ok(Arc::new(RedisBackend::connect(&self.url).await?))
     }
+
+    async fn client_with_reply_delay(
+        &self,
+        delay: Duration,
+    ) -> Result<Option<Arc<dyn LockBackend>>, LockError> {
+        let (false, [server]) = (self.cluster, self.servers.as_slice()) else {
+            return Ok(None);
+        };
+        let proxy = Proxy::start(server.addr()).map_err(|e| LockError::Config(e.to_string()))?;
+        proxy.set_mode(Mode::Delay(delay));
+        let url = self
+            .url
+            .replacen(&server.addr().to_string(), &proxy.addr().to_string(), 1);
+        self.proxies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(proxy);
+        Ok(Some(Arc::new(RedisBackend::connect(&url).await?)))
+    }
 }
 
 fn single(query: &str) -> Result<Arc<dyn Fixture>, String> {
     let server = RedisServer::start().map_err(|e| e.to_string())?;
     Ok(Arc::new(RedisFixture {
         url: format!("{}/0{query}", server.url()),
-        _servers: vec![server],
+        servers: vec![server],
+        cluster: false,
+        proxies: Mutex::default(),
     }))
 }
 
@@ -42,7 +69,9 @@ fn cluster(query: &str) -> Result<Arc<dyn Fixture>, String> {
     let cluster = RedisCluster::start(3).map_err(|e| e.to_string())?;
     Ok(Arc::new(RedisFixture {
         url: format!("redis+cluster://{}{query}", cluster.seed_nodes()),
-        _servers: cluster.into_servers(),
+        servers: cluster.into_servers(),
+        cluster: true,
+        proxies: Mutex::default(),
     }))
 }
 

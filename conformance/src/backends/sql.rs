@@ -2,19 +2,20 @@
 //! PostgreSQL and MariaDB spawned by the test kit.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use backend_sql::{Dialect, SqlBackend};
 use lock_core::{Guarantees, LockBackend, LockError};
-use testkit::{MariaDbServer, PostgresServer};
+use testkit::{MariaDbServer, Mode, PostgresServer, Proxy};
 
 use super::Registration;
 use crate::fixture::Fixture;
 
 /// What keeps the database alive for the whole run.
-#[allow(dead_code)] // held only for its lifetime
 enum Keep {
+    #[allow(dead_code)] // held only for its lifetime
     Dir(TempDir),
     Postgres(PostgresServer),
     MariaDb(MariaDbServer),
@@ -24,7 +25,9 @@ enum Keep {
 struct SqlFixture {
     dialect: Dialect,
     url: String,
-    _keep: Keep,
+    keep: Keep,
+    /// Proxies of delayed clients, alive as long as the fixture.
+    proxies: Mutex<Vec<Proxy>>,
 }
 
 #[async_trait]
@@ -34,6 +37,42 @@ impl Fixture for SqlFixture {
     }
     async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
         Ok(Arc::new(SqlBackend::connect(&self.url).await?))
+    }
+
+    async fn restart_server(&self) -> Result<bool, String> {
+        match &self.keep {
+            // The database is the file: every client opens it anew.
+            Keep::Dir(_) => Ok(true),
+            Keep::Postgres(server) => {
+                tokio::task::block_in_place(|| server.restart()).map_err(|e| e.to_string())?;
+                Ok(true)
+            }
+            Keep::MariaDb(server) => {
+                tokio::task::block_in_place(|| server.restart()).map_err(|e| e.to_string())?;
+                Ok(true)
+            }
+        }
+    }
+
+    async fn client_with_reply_delay(
+        &self,
+        delay: Duration,
+    ) -> Result<Option<Arc<dyn LockBackend>>, LockError> {
+        let addr = match &self.keep {
+            Keep::Dir(_) => return Ok(None),
+            Keep::Postgres(server) => server.addr(),
+            Keep::MariaDb(server) => server.addr(),
+        };
+        let proxy = Proxy::start(addr).map_err(|e| LockError::Config(e.to_string()))?;
+        proxy.set_mode(Mode::Delay(delay));
+        let url = self
+            .url
+            .replacen(&addr.to_string(), &proxy.addr().to_string(), 1);
+        self.proxies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(proxy);
+        Ok(Some(Arc::new(SqlBackend::connect(&url).await?)))
     }
 }
 
@@ -70,7 +109,8 @@ fn sqlite_setup() -> Result<Arc<dyn Fixture>, String> {
     Ok(Arc::new(SqlFixture {
         dialect: Dialect::Sqlite,
         url,
-        _keep: Keep::Dir(dir),
+        keep: Keep::Dir(dir),
+        proxies: Mutex::default(),
     }))
 }
 
@@ -79,7 +119,8 @@ fn postgres_setup() -> Result<Arc<dyn Fixture>, String> {
     Ok(Arc::new(SqlFixture {
         dialect: Dialect::Postgres,
         url: server.url(),
-        _keep: Keep::Postgres(server),
+        keep: Keep::Postgres(server),
+        proxies: Mutex::default(),
     }))
 }
 
@@ -90,7 +131,8 @@ fn mariadb_setup() -> Result<Arc<dyn Fixture>, String> {
     Ok(Arc::new(SqlFixture {
         dialect: Dialect::MySql,
         url,
-        _keep: Keep::MariaDb(server),
+        keep: Keep::MariaDb(server),
+        proxies: Mutex::default(),
     }))
 }
 

@@ -175,3 +175,36 @@ pub(crate) async fn waiters_acquire_in_fifo_order(ctx: &Ctx<'_>) {
     }
     assert_eq!(*order.lock().expect("order"), vec![0, 1, 2, 3, 4]);
 }
+
+/// Exclusion near expiry: a holder that stops renewing keeps the lock until
+/// its local deadline. The next grant reaches the next holder only after
+/// that deadline (both measured on this process's clock), so a holder that
+/// checks its deadline before each write never overlaps its successor.
+pub(crate) async fn next_grant_comes_after_the_old_holders_deadline(ctx: &Ctx<'_>) {
+    let name = ctx.name("near-expiry");
+    let ttl = ctx.ttl(Duration::from_millis(1000));
+    let holder = ctx.client().await;
+    let next = ctx.client().await;
+    let old = crate::cases::raw_try(&holder, &name, ttl)
+        .await
+        .expect("acquire");
+    let limit = old.sent_at() + ttl + ctx.slack(ttl) * 2;
+    let granted = loop {
+        if let Some(lease) = crate::cases::raw_try(&next, &name, ttl).await {
+            break (Instant::now(), lease);
+        }
+        assert!(
+            Instant::now() < limit,
+            "the abandoned lock was never granted again"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let (received, lease) = granted;
+    assert!(
+        received >= old.deadline(),
+        "the next holder got the lock {:?} before the old holder's local deadline",
+        old.deadline() - received
+    );
+    assert!(lease.fence() > old.fence(), "the next grant reused a token");
+    next.release(&lease).await.expect("release");
+}

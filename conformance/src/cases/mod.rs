@@ -5,10 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use lock_core::{AcquireRequest, Guarantees, Lease, LockBackend, LockName, OwnerToken};
+use lock_core::{
+    AcquireRequest, Guarantees, Lease, LockBackend, LockName, OwnerToken, WaitMechanism,
+};
 
 use crate::fixture::Ctx;
 
+mod declared;
 mod exclusion;
 mod fencing;
 mod input;
@@ -52,19 +55,34 @@ pub fn all() -> Vec<Case> {
         case!(exclusion::try_acquire_on_held_lock_does_not_wait),
         case!(exclusion::distinct_names_do_not_collide),
         case!(exclusion::waiters_acquire_in_fifo_order, |g| g.fair_fifo),
+        case!(exclusion::next_grant_comes_after_the_old_holders_deadline),
         case!(waiting::acquire_waits_until_holder_releases),
         case!(waiting::acquire_times_out_at_the_deadline),
         case!(waiting::cancelled_waiter_leaves_nothing_behind),
+        case!(waiting::acquire_without_a_wait_waits_for_the_holder),
+        case!(waiting::wake_up_hands_off_below_the_polling_floor, |g| {
+            g.wait != WaitMechanism::Poll
+        }),
         case!(ownership::forged_or_stale_release_is_refused),
         case!(ownership::release_is_idempotent),
+        case!(ownership::release_after_an_overlap_reports_lost),
+        case!(ownership::same_owner_with_an_older_fence_is_refused),
         case!(lease::renew_extends_past_the_original_ttl),
         case!(lease::renew_after_expiry_is_lost_and_does_not_resurrect),
         case!(lease::abandoned_lease_expires_after_ttl_and_not_before),
+        case!(lease::deadline_is_counted_from_the_send),
         case!(watchdog::watchdog_keeps_lock_and_stops_after_release),
         case!(watchdog::lost_fires_when_lock_removed_behind_holders_back),
+        case!(watchdog::guard_is_renewed_after_its_locker_is_dropped),
+        case!(watchdog::cancelled_release_signals_at_once),
         case!(fencing::tokens_strictly_increase_over_successive_holders),
         case!(input::bad_input_is_refused_before_any_io),
         case!(reentrancy::reentrant_owner_counts_holds),
+        case!(reentrancy::reentry_after_loss_takes_a_new_lease),
+        case!(declared::granted_ttl_follows_the_declared_minimum_and_step),
+        case!(declared::force_release_does_what_is_declared),
+        case!(declared::held_lock_survives_a_server_restart, |g| g
+            .survives_restart),
     ]
 }
 

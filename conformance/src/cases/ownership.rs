@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use lock_core::{Lease, OwnerToken};
+use lock_core::{AcquireRequest, Lease, OwnerToken};
 use tokio::time::Instant;
 
 use crate::cases::{raw_try, time_until_free};
@@ -110,4 +110,88 @@ pub(crate) async fn release_is_idempotent(ctx: &Ctx<'_>) {
         .await
         .expect("release after guard release");
     assert!(client.inspect(&name).await.expect("inspect").is_none());
+}
+
+/// An overlap is never reported as success: holder A's lock is removed
+/// behind its back, B takes it, works and releases; A's later release and
+/// renew say `Lost`, because the lock was granted to someone else after
+/// A's last acquire. Nothing is resurrected.
+pub(crate) async fn release_after_an_overlap_reports_lost(ctx: &Ctx<'_>) {
+    let name = ctx.name("overlap");
+    let a = ctx.client().await;
+    let b = ctx.client().await;
+    let first = raw_try(&a, &name, Duration::from_secs(30))
+        .await
+        .expect("acquire");
+    ctx.fixture()
+        .remove_behind_back(&name)
+        .await
+        .expect("remove behind back");
+    let second = raw_try(&b, &name, Duration::from_secs(30))
+        .await
+        .expect("free after the removal");
+    b.release(&second).await.expect("release");
+    let r = a.release(&first).await;
+    assert!(
+        r.as_ref().is_err_and(|e| e.is_lost()),
+        "release after another holder came and went must report Lost: {r:?}"
+    );
+    let r = a.renew(&first).await;
+    assert!(
+        r.as_ref().is_err_and(|e| e.is_lost()),
+        "renew after another holder came and went must report Lost: {r:?}"
+    );
+    assert!(
+        a.inspect(&name).await.expect("inspect").is_none(),
+        "a late release or renew resurrected the lock"
+    );
+}
+
+/// The same owner token with an older fence is refused: after an owner
+/// releases and takes the lock again, its old lease can neither renew nor
+/// release the new holding.
+pub(crate) async fn same_owner_with_an_older_fence_is_refused(ctx: &Ctx<'_>) {
+    let name = ctx.name("old-fence");
+    let client = ctx.client().await;
+    let other = ctx.client().await;
+    let owner = OwnerToken::random();
+    let req = AcquireRequest::new(name.clone(), owner, Duration::from_secs(30), Duration::ZERO)
+        .expect("valid request");
+    let old = client
+        .try_acquire(&req)
+        .await
+        .expect("try_acquire")
+        .expect("acquire");
+    client.release(&old).await.expect("release");
+    let new = client
+        .try_acquire(&req)
+        .await
+        .expect("try_acquire")
+        .expect("acquire again");
+    assert!(
+        new.fence() > old.fence(),
+        "the second holding reused a token"
+    );
+
+    let r = client.renew(&old).await;
+    assert!(
+        r.as_ref().is_err_and(|e| e.is_lost()),
+        "renew with the older fence must be refused: {r:?}"
+    );
+    let r = client.release(&old).await;
+    assert!(
+        r.is_ok() || r.as_ref().is_err_and(|e| e.is_lost()),
+        "release with the older fence: {r:?}"
+    );
+    assert!(
+        raw_try(&other, &name, Duration::from_secs(30))
+            .await
+            .is_none(),
+        "the release of the older lease freed the newer holding"
+    );
+    let info = other.inspect(&name).await.expect("inspect").expect("held");
+    if let Some(f) = info.fence {
+        assert_eq!(f, new.fence(), "the newer holding was replaced");
+    }
+    client.release(&new).await.expect("release");
 }

@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use lock_core::Owner;
 
 use crate::cases::raw_try;
@@ -82,4 +84,72 @@ pub(crate) async fn reentrant_owner_counts_holds(ctx: &Ctx<'_>) {
         .expect("fresh lease");
     assert_eq!(again.holds(), 1);
     again.release().await.expect("release");
+}
+
+/// Re-entry after loss: once an owner's lease is lost, taking the lock
+/// again as that owner is a new acquisition (refused while someone else
+/// holds it), never one more hold on the dead lease; the old hold's
+/// release reports the loss.
+pub(crate) async fn reentry_after_loss_takes_a_new_lease(ctx: &Ctx<'_>) {
+    let name = ctx.name("reenter-lost");
+    let ttl = ctx.ttl(Duration::from_millis(900));
+    let locker = ctx.locker().await;
+    let other = ctx.client().await;
+    let owner = Owner::new();
+    let first = locker
+        .lock(name.as_str())
+        .owner(&owner)
+        .ttl(ttl)
+        .acquire()
+        .await
+        .expect("first hold");
+    ctx.fixture()
+        .remove_behind_back(&name)
+        .await
+        .expect("remove behind back");
+    tokio::time::timeout(ttl + ctx.slack(ttl), first.lost())
+        .await
+        .expect("lost() after the removal");
+    let taken = raw_try(&other, &name, Duration::from_secs(30))
+        .await
+        .expect("free after the removal");
+    let again = locker
+        .lock(name.as_str())
+        .owner(&owner)
+        .ttl(ttl)
+        .try_acquire()
+        .await
+        .expect("try_acquire");
+    assert!(
+        again.is_none(),
+        "re-entry after loss added a hold to the lost lease while another client holds the lock"
+    );
+    other.release(&taken).await.expect("release");
+    let fresh = locker
+        .lock(name.as_str())
+        .owner(&owner)
+        .ttl(ttl)
+        .try_acquire()
+        .await
+        .expect("try_acquire")
+        .expect("free again");
+    assert_eq!(
+        fresh.holds(),
+        1,
+        "the new lease shares holds with the lost one"
+    );
+    assert!(fresh.fence() > taken.fence());
+    let r = first.release().await;
+    assert!(
+        r.as_ref().is_err_and(|e| e.is_lost()),
+        "the lost hold's release must report Lost: {r:?}"
+    );
+    assert!(fresh.is_held(), "releasing the lost hold ended the new one");
+    assert!(
+        raw_try(&other, &name, Duration::from_secs(30))
+            .await
+            .is_none(),
+        "releasing the lost hold freed the new lease"
+    );
+    fresh.release().await.expect("release");
 }

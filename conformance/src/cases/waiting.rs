@@ -115,3 +115,88 @@ pub(crate) async fn cancelled_waiter_leaves_nothing_behind(ctx: &Ctx<'_>) {
         .expect("a cancelled waiter kept the lock or its place in line");
     next.release().await.expect("release");
 }
+
+/// `acquire()` with no `.wait(..)` waits until the holder releases (like
+/// `Mutex::lock`, Redisson `lock()`, redis-py `acquire()`), and so does
+/// `with_lock`.
+pub(crate) async fn acquire_without_a_wait_waits_for_the_holder(ctx: &Ctx<'_>) {
+    let name = ctx.name("default-wait");
+    let a = ctx.locker().await;
+    let b = ctx.locker().await;
+    let guard = a.lock(name.as_str()).acquire().await.expect("acquire");
+    let waiter = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move { b.lock(name.as_str()).acquire().await.map(|g| g.fence()) }
+    });
+    let scoped = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move {
+            b.with_lock(name.as_str(), |fence| async move { fence })
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        !waiter.is_finished(),
+        "acquire() without a wait returned while the lock was held"
+    );
+    assert!(!scoped.is_finished(), "with_lock did not wait");
+    let first = guard.fence();
+    guard.release().await.expect("release");
+    let fences = tokio::time::timeout(Duration::from_secs(10), async {
+        (waiter.await, scoped.await)
+    })
+    .await
+    .expect("the waiters did not get the lock after the release");
+    let (w, s) = fences;
+    let w = w.expect("task").expect("acquire() after the release");
+    let s = s.expect("task").expect("with_lock after the release");
+    assert!(
+        w > first && s > first && w != s,
+        "tokens {first:?} {w:?} {s:?}"
+    );
+}
+
+/// A backend that declares a wake-up mechanism (pub/sub, watch, NOTIFY, an
+/// in-process notification) hands a released lock to a waiter far below
+/// the fallback polling floor: the median hand-off of several rounds, each
+/// after the waiter's backoff has grown, stays under 40 ms (polling would
+/// be about half the 250 ms top backoff).
+pub(crate) async fn wake_up_hands_off_below_the_polling_floor(ctx: &Ctx<'_>) {
+    const ROUNDS: usize = 15;
+    let name = ctx.name("wake-up");
+    let a = ctx.locker().await;
+    let b = ctx.locker().await;
+    let mut handoffs = Vec::new();
+    for _ in 0..ROUNDS {
+        let guard = a.lock(name.as_str()).acquire().await.expect("acquire");
+        let waiter = tokio::spawn({
+            let (b, name) = (b.clone(), name.clone());
+            async move {
+                let g = b
+                    .lock(name.as_str())
+                    .wait(Duration::from_secs(30))
+                    .acquire()
+                    .await
+                    .expect("waiter acquires");
+                (Instant::now(), g)
+            }
+        });
+        // Long enough for a polling waiter's backoff to reach its top.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let released_at = Instant::now();
+        guard.release().await.expect("release");
+        let (got_at, g) = waiter.await.expect("waiter task");
+        handoffs.push(got_at.saturating_duration_since(released_at));
+        g.release().await.expect("release");
+    }
+    handoffs.sort();
+    let median = handoffs[ROUNDS / 2];
+    assert!(
+        median < Duration::from_millis(40),
+        "{:?} declares {:?} wake-ups, but the median hand-off was {median:?} \
+         (all: {handoffs:?}): that is the polling fallback",
+        ctx.guarantees().backend,
+        ctx.guarantees().wait
+    );
+}

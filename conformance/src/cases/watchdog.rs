@@ -135,3 +135,72 @@ pub(crate) async fn lost_fires_when_lock_removed_behind_holders_back(ctx: &Ctx<'
         .expect("lost() past the deadline");
     drop(guard);
 }
+
+/// A guard is renewed for as long as it lives, even when the Locker that
+/// made it is gone (`connect(url).await?.lock(..).acquire().await?`).
+pub(crate) async fn guard_is_renewed_after_its_locker_is_dropped(ctx: &Ctx<'_>) {
+    let name = ctx.name("orphan-guard");
+    let ttl = ctx.ttl(Duration::from_millis(600));
+    let other = ctx.client().await;
+    let guard = {
+        let locker = ctx.locker().await;
+        locker
+            .lock(name.as_str())
+            .ttl(ttl)
+            .acquire()
+            .await
+            .expect("acquire")
+    };
+    sleep(ttl * 3).await;
+    assert!(
+        guard.is_held(),
+        "the guard lost its lock once its Locker was dropped"
+    );
+    assert!(
+        raw_try(&other, &name, ttl).await.is_none(),
+        "another client took the lock of a live guard whose Locker was dropped"
+    );
+    guard.release().await.expect("release");
+}
+
+/// Giving the lock up fires the loss signal before any I/O: a `release()`
+/// future dropped before or during its round trip has already told the
+/// workers watching `lost_signal()` to stop, and the lock is still freed.
+pub(crate) async fn cancelled_release_signals_at_once(ctx: &Ctx<'_>) {
+    let name = ctx.name("cancelled-release");
+    let ttl = ctx.ttl(Duration::from_millis(1500));
+    let locker = ctx.locker().await;
+    let other = ctx.client().await;
+
+    // Dropped during the round trip: polled once, then cancelled.
+    let guard = locker
+        .lock(name.as_str())
+        .ttl(ttl)
+        .acquire()
+        .await
+        .expect("acquire");
+    let signal = guard.lost_signal();
+    let _ = timeout(Duration::ZERO, guard.release()).await;
+    timeout(Duration::from_millis(50), signal)
+        .await
+        .expect("a cancelled release() did not fire the loss signal");
+    let free = crate::cases::time_until_free(&other, &name, ttl + ctx.slack(ttl) * 2).await;
+    let (_, lease) = free.expect("the lock of a cancelled release was never freed");
+    other.release(&lease).await.expect("release");
+
+    // Dropped before it was ever polled.
+    let guard = locker
+        .lock(name.as_str())
+        .ttl(ttl)
+        .acquire()
+        .await
+        .expect("acquire");
+    let signal = guard.lost_signal();
+    drop(guard.release());
+    timeout(Duration::from_millis(50), signal)
+        .await
+        .expect("a release() dropped unpolled did not fire the loss signal");
+    let free = crate::cases::time_until_free(&other, &name, ttl + ctx.slack(ttl) * 2).await;
+    let (_, lease) = free.expect("the lock of an unpolled release was never freed");
+    other.release(&lease).await.expect("release");
+}
