@@ -47,7 +47,7 @@ pub use error::{BoxError, LockError, Result};
 pub use guarantees::{ExpiryClock, FencingGuarantee, Guarantees, WaitMechanism};
 pub use guard::LockGuard;
 pub use lease::{ClockPolicy, Lease};
-pub use locker::{LockBuilder, Locker, DEFAULT_TTL};
+pub use locker::{LockBuilder, Locker, RunOutcome, DEFAULT_TTL};
 pub use memory::MemoryBackend;
 pub use name::LockName;
 pub use owner::Owner;
