@@ -195,7 +195,11 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for c in ExpiryClock::ALL {
             assert!(seen.insert(c.judged_by()), "{c:?}: text shared");
-            assert_eq!(c.is_wall_clock(), c.judged_by().contains("wall clock"), "{c:?}");
+            assert_eq!(
+                c.is_wall_clock(),
+                c.judged_by().contains("wall clock"),
+                "{c:?}"
+            );
             if c.is_wall_clock() {
                 assert!(c.broken_by().contains("forward step"), "{c:?}");
                 assert!(c.broken_by().contains("early"), "{c:?}");

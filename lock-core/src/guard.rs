@@ -131,18 +131,15 @@ impl Drop for LockGuard {
         let Some(lease) = self.held.drop_hold() else {
             return;
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                let held = Arc::clone(&self.held);
-                rt.spawn(async move {
-                    if let Err(e) = held.release_on_server(lease).await {
-                        tracing::debug!(error = %e, "polylock: release on drop failed");
-                    }
-                });
-            }
-            // No runtime to run the release on: the lease expires at its
-            // TTL; drop_hold already closed the signal.
-            Err(_) => {}
+        // With no runtime to run the release on, the lease expires at its
+        // TTL; drop_hold already closed the signal.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let held = Arc::clone(&self.held);
+            rt.spawn(async move {
+                if let Err(e) = held.release_on_server(lease).await {
+                    tracing::debug!(error = %e, "polylock: release on drop failed");
+                }
+            });
         }
     }
 }

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_core::{
-    async_trait, AcquireRequest, Guarantees, HolderInfo, Lease, LockBackend,
-    LockError, LockName, Locker, MemoryBackend, Owner,
+    async_trait, AcquireRequest, Guarantees, HolderInfo, Lease, LockBackend, LockError, LockName,
+    Locker, MemoryBackend, Owner,
 };
 use tokio::time::{sleep, timeout, Instant};
 use tokio_util::sync::CancellationToken;
@@ -226,7 +226,10 @@ async fn dropping_a_waiting_acquire_cancels_it() {
     let locker = Locker::new(MemoryBackend::new());
     let holder = locker.lock("held").acquire().await.unwrap();
     let r = timeout(Duration::from_millis(200), locker.lock("held").acquire()).await;
-    assert!(r.is_err(), "acquire returned while the lock was held: {r:?}");
+    assert!(
+        r.is_err(),
+        "acquire returned while the lock was held: {r:?}"
+    );
     holder.release().await.unwrap();
     let g = locker.lock("held").try_acquire().await.unwrap();
     assert!(g.is_some(), "a dropped waiter left something behind");
@@ -374,10 +377,7 @@ async fn a_revoked_lease_is_not_reentered() {
         .await;
     // The old lease still sits on the (memory) server, so a new one cannot
     // be granted, and the revoked one must not be shared.
-    assert!(
-        matches!(again, Err(LockError::Timeout { .. })),
-        "{again:?}"
-    );
+    assert!(matches!(again, Err(LockError::Timeout { .. })), "{again:?}");
     assert!(guard.release().await.is_err());
 }
 
@@ -388,7 +388,9 @@ async fn a_renewal_that_lands_after_the_deadline_does_not_revive_the_guard() {
     // Renewals fail until the local deadline; the one sent at the deadline
     // would succeed (the server keeps the lease a little longer).
     let backend = Probe::default();
-    backend.fail_renew_before_deadline.store(true, Ordering::SeqCst);
+    backend
+        .fail_renew_before_deadline
+        .store(true, Ordering::SeqCst);
     let locker = Locker::new(backend.clone());
     let guard = locker
         .lock("late-renewal")
@@ -443,8 +445,10 @@ async fn a_reentrant_acquire_with_auto_renew_starts_renewals() {
         .unwrap();
     let auto = locker.lock("mixed").owner(&owner).acquire().await.unwrap();
     sleep(Duration::from_millis(900)).await;
-    assert!(auto.is_held(), "the re-entrant auto_renew(true) was ignored");
+    assert!(
+        auto.is_held(),
+        "the re-entrant auto_renew(true) was ignored"
+    );
     auto.release().await.unwrap();
     manual.release().await.unwrap();
 }
-

@@ -63,7 +63,12 @@ async fn run_reporting_keeps_the_output_when_the_loss_is_reported_late() {
         .lock("late-loss")
         .run_reporting(|_fence| async move {
             b.force_release(&name("late-loss")).await.unwrap();
-            let g = thief.lock("late-loss").try_acquire().await.unwrap().unwrap();
+            let g = thief
+                .lock("late-loss")
+                .try_acquire()
+                .await
+                .unwrap()
+                .unwrap();
             std::mem::forget(g);
             "the work's result"
         })

@@ -316,7 +316,14 @@ fn a_release_that_finds_another_holder_exits_76_with_one_line() {
 fn status_shows_only_a_prefix_of_the_owner_token() {
     let dir = tempfile::tempdir().unwrap();
     let mut holder = polylock(dir.path())
-        .args(["run", "secretive", "--", "sh", "-c", "while [ ! -e go ]; do sleep 0.05; done"])
+        .args([
+            "run",
+            "secretive",
+            "--",
+            "sh",
+            "-c",
+            "while [ ! -e go ]; do sleep 0.05; done",
+        ])
         .spawn()
         .unwrap();
     wait_held(dir.path(), "secretive");

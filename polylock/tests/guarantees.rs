@@ -59,7 +59,11 @@ fn docs_sql_states_the_expiry_clock_each_sql_backend_declares() {
             .expiry_clock
     };
     let (sqlite, postgres, mysql) = (declared("sqlite"), declared("postgres"), declared("mysql"));
-    assert_eq!(sqlite, polylock::ExpiryClock::ClientHost, "SQLite runs in the client");
+    assert_eq!(
+        sqlite,
+        polylock::ExpiryClock::ClientHost,
+        "SQLite runs in the client"
+    );
     let doc = sql_doc();
     // The guarantees table's row, column by column: SQLite, PostgreSQL, MySQL.
     let row = format!(
