@@ -80,12 +80,12 @@ async fn a_guard_is_renewed_after_its_locker_is_dropped() {
     let backend = MemoryBackend::new();
     let guard = Locker::new(backend.clone())
         .lock("job")
-        .ttl(Duration::from_millis(300))
+        .ttl(Duration::from_secs(1))
         .acquire()
         .await
         .unwrap();
     // The Locker (and its scheduler handle) is gone here.
-    sleep(Duration::from_millis(1200)).await;
+    sleep(Duration::from_secs(3)).await;
     assert!(guard.is_held(), "not renewed once its Locker was dropped");
     let other = Locker::new(backend.clone());
     assert!(
@@ -117,12 +117,12 @@ async fn the_scheduler_restarts_when_its_runtime_dies() {
     // Taken on this runtime while A's scheduler runs: queued there.
     let second = locker
         .lock("second")
-        .ttl(Duration::from_millis(400))
+        .ttl(Duration::from_secs(1))
         .acquire()
         .await
         .unwrap();
     rt_a.shutdown_background();
-    sleep(Duration::from_millis(1500)).await;
+    sleep(Duration::from_secs(3)).await;
     assert!(
         second.is_held(),
         "no renewal after the scheduler's runtime died"
@@ -422,7 +422,7 @@ async fn a_non_last_reentrant_release_after_a_loss_says_lost() {
         .unwrap();
     let second = locker.lock("re").owner(&owner).acquire().await.unwrap();
     backend.force_release(&name("re")).await.unwrap();
-    timeout(Duration::from_secs(2), first.lost())
+    timeout(Duration::from_secs(10), first.lost())
         .await
         .expect("the watchdog saw the loss");
     let r = first.release().await;
@@ -438,13 +438,13 @@ async fn a_reentrant_acquire_with_auto_renew_starts_renewals() {
     let manual = locker
         .lock("mixed")
         .owner(&owner)
-        .ttl(Duration::from_millis(300))
+        .ttl(Duration::from_secs(1))
         .auto_renew(false)
         .acquire()
         .await
         .unwrap();
     let auto = locker.lock("mixed").owner(&owner).acquire().await.unwrap();
-    sleep(Duration::from_millis(900)).await;
+    sleep(Duration::from_millis(2500)).await;
     assert!(
         auto.is_held(),
         "the re-entrant auto_renew(true) was ignored"

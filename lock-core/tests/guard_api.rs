@@ -16,16 +16,16 @@ async fn a_lease_without_auto_renew_can_be_renewed_by_hand() {
     let locker = Locker::new(backend.clone());
     let guard = locker
         .lock("manual")
-        .ttl(Duration::from_millis(600))
+        .ttl(Duration::from_secs(2))
         .auto_renew(false)
         .acquire()
         .await
         .unwrap();
-    for _ in 0..4 {
-        sleep(Duration::from_millis(250)).await;
+    for _ in 0..5 {
+        sleep(Duration::from_millis(500)).await;
         guard.renew().await.expect("renew by hand");
     }
-    // 1 s after the acquire, past the first TTL.
+    // 2.5 s after the acquire, past the first TTL.
     assert!(guard.is_held());
     assert!(locker.lock("manual").try_acquire().await.unwrap().is_none());
     guard.release().await.unwrap();
@@ -41,12 +41,12 @@ async fn renewing_by_hand_after_the_deadline_is_lost_and_stays_lost() {
     });
     let guard = locker
         .lock("late")
-        .ttl(Duration::from_millis(800))
+        .ttl(Duration::from_secs(2))
         .auto_renew(false)
         .acquire()
         .await
         .unwrap();
-    sleep(Duration::from_millis(500)).await;
+    sleep(Duration::from_millis(1300)).await;
     assert!(!guard.is_held());
     let r = guard.renew().await;
     assert!(matches!(r, Err(LockError::Lost { .. })), "{r:?}");
