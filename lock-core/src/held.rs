@@ -53,8 +53,9 @@ struct HoldState {
 }
 
 impl Held {
-    /// Must run inside a tokio runtime when `lease` carries a revocation
-    /// signal (a task turns it into a loss).
+    /// Inside a tokio runtime, a lease's revocation signal is watched by a
+    /// small task that turns it into a loss at once; without one it is seen
+    /// at the next `is_held`, `lost` or renewal.
     pub(crate) fn new(
         backend: Arc<dyn LockBackend>,
         lease: Lease,

@@ -23,6 +23,8 @@ struct Probe {
     attach_revocation: Arc<AtomicBool>,
     revocations: Arc<Mutex<Vec<CancellationToken>>>,
     fail_renew_before_deadline: Arc<AtomicBool>,
+    /// The next renewal never answers.
+    hang_next_renew: Arc<AtomicBool>,
     renews: Arc<AtomicUsize>,
 }
 
@@ -43,6 +45,9 @@ impl LockBackend for Probe {
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
         self.renews.fetch_add(1, Ordering::SeqCst);
+        if self.hang_next_renew.swap(false, Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         if self.fail_renew_before_deadline.load(Ordering::SeqCst) && !lease.is_expired() {
             return Err(LockError::transient("probe", "renewal refused by the test"));
         }
@@ -126,6 +131,45 @@ async fn the_scheduler_restarts_when_its_runtime_dies() {
     assert!(
         second.is_held(),
         "no renewal after the scheduler's runtime died"
+    );
+    second.release().await.unwrap();
+    drop(first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_cut_short_by_its_runtime_dying_is_retried_elsewhere() {
+    let backend = Probe::default();
+    let locker = Locker::new(backend.clone());
+    let (rt_a, first) = {
+        let locker = locker.clone();
+        tokio::task::spawn_blocking(move || {
+            let rt_a = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            let first = rt_a.block_on(async move { locker.lock("first").acquire().await.unwrap() });
+            (rt_a, first)
+        })
+        .await
+        .unwrap()
+    };
+    let second = locker
+        .lock("second")
+        .ttl(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    // Its first renewal (at ~0.67 s) runs on runtime A and hangs there.
+    backend.hang_next_renew.store(true, Ordering::SeqCst);
+    while backend.hang_next_renew.load(Ordering::SeqCst) {
+        sleep(Duration::from_millis(20)).await;
+    }
+    rt_a.shutdown_background();
+    sleep(Duration::from_secs(4)).await;
+    assert!(
+        second.is_held(),
+        "the renewal dropped with its runtime was never retried"
     );
     second.release().await.unwrap();
     drop(first);
