@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use tokio::time::{timeout, Instant};
 use tracing::Instrument;
 
 use crate::backend::{validate_ttl, validate_wait, AcquireRequest, HolderInfo, LockBackend};
@@ -324,6 +324,7 @@ impl LockBuilder {
             .map_or_else(OwnerToken::random, Owner::token);
         let mut req = AcquireRequest::new(name, owner_token, self.ttl, wait_for)?;
         req.clock = self.locker.clock;
+        let started = Instant::now();
 
         let _turn = match &self.owner {
             Some(owner) => {
@@ -339,7 +340,12 @@ impl LockBuilder {
                         // This owner is acquiring the name right now.
                         Err(_) => return Ok(None),
                     },
-                    Wait::Upto(_) => gate.lock_owned().await,
+                    Wait::Upto(None) => gate.lock_owned().await,
+                    // The turn counts against the wait.
+                    Wait::Upto(Some(d)) => match timeout(d, gate.lock_owned()).await {
+                        Ok(turn) => turn,
+                        Err(_) => return Ok(None),
+                    },
                 };
                 // The acquisition we waited for may have taken it.
                 if let Some(held) = owner.registry.reenter(id, &req.name) {
@@ -349,6 +355,9 @@ impl LockBuilder {
             }
             None => None,
         };
+        if bounded {
+            req.wait = wait_for.saturating_sub(started.elapsed());
+        }
 
         let backend = &self.locker.backend;
         let backend_name = backend.guarantees().backend;
@@ -358,8 +367,7 @@ impl LockBuilder {
             name = %req.name,
             fence = tracing::field::Empty,
         );
-        let started = Instant::now();
-        let result = if wait_for.is_zero() {
+        let result = if req.wait.is_zero() {
             backend.try_acquire(&req).instrument(span.clone()).await
         } else {
             loop {

@@ -358,6 +358,35 @@ async fn an_owner_reenters_and_takes_free_names_while_another_of_its_acquisition
 }
 
 #[tokio::test]
+async fn waiting_for_the_owners_own_turn_counts_against_the_wait() {
+    let backend = MemoryBackend::new();
+    let locker = Locker::new(backend.clone());
+    let stranger = Locker::new(backend.clone());
+    let owner = Owner::new();
+    let holder = stranger.lock("a").acquire().await.unwrap();
+    let waiter = {
+        let (locker, owner) = (locker.clone(), owner.clone());
+        tokio::spawn(async move { locker.lock("a").owner(&owner).acquire().await })
+    };
+    sleep(Duration::from_millis(100)).await; // the first waits, unbounded
+    let r = timeout(
+        Duration::from_secs(5),
+        locker
+            .lock("a")
+            .owner(&owner)
+            .wait(Duration::from_millis(200))
+            .acquire(),
+    )
+    .await
+    .expect("a bounded wait waited behind the owner's unbounded one");
+    assert!(matches!(r, Err(LockError::Timeout { .. })), "{r:?}");
+    let r = locker.lock("a").owner(&owner).try_acquire().await.unwrap();
+    assert!(r.is_none(), "try_acquire got a lock that is held");
+    holder.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+}
+
+#[tokio::test]
 async fn two_first_acquisitions_of_one_name_by_one_owner_share_one_lease() {
     let locker = Locker::new(MemoryBackend::new());
     let owner = Owner::new();
