@@ -138,7 +138,19 @@ impl LockBackend for MemoryBackend {
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
         let now = Instant::now();
         let mut t = self.table();
+        // Someone else was granted the lock since this lease was (a higher
+        // fence was handed out).
+        let superseded = t
+            .fences
+            .get(lease.name())
+            .is_some_and(|&f| f > lease.fence().get());
         match t.live(lease.name(), now) {
+            // Already released or expired: fine, unless it was superseded,
+            // so the holder learns its critical section may have overlapped
+            // another holder's.
+            None if superseded => Err(LockError::Lost {
+                name: lease.name().to_string(),
+            }),
             None => Ok(()),
             Some(e) if e.owner == lease.owner() && e.fence == lease.fence() => {
                 t.held.remove(lease.name());

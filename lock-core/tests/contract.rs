@@ -310,6 +310,29 @@ async fn release_run_and_with_lock_report_a_takeover_as_lost() {
     assert!(matches!(r, Err(LockError::Lost { .. })), "with_lock: {r:?}");
 }
 
+#[tokio::test]
+async fn memory_release_after_another_holder_came_and_went_is_lost() {
+    let backend = MemoryBackend::new();
+    let locker = Locker::new(backend.clone());
+    let other = Locker::new(backend.clone());
+    let guard = locker.lock("gap").acquire().await.unwrap();
+    backend.force_release(&name("gap")).await.unwrap();
+    other
+        .lock("gap")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let r = guard.release().await;
+    assert!(matches!(r, Err(LockError::Lost { .. })), "{r:?}");
+    // Releasing twice with nobody in between stays Ok (idempotent).
+    let lease = locker.lock("gap").acquire().await.unwrap().lease();
+    backend.release(&lease).await.unwrap();
+    backend.release(&lease).await.unwrap();
+}
+
 // ---- item 5: one owner's acquisitions do not queue behind each other ----
 
 #[tokio::test]
