@@ -23,6 +23,10 @@ struct Probe {
     attach_revocation: Arc<AtomicBool>,
     revocations: Arc<Mutex<Vec<CancellationToken>>>,
     fail_renew_before_deadline: Arc<AtomicBool>,
+    /// This many attempts fail with a retryable error.
+    transient_acquire_failures: Arc<AtomicUsize>,
+    /// Attempts fail with a permanent error.
+    permanent_acquire_failure: Arc<AtomicBool>,
     /// The next renewal never answers.
     hang_next_renew: Arc<AtomicBool>,
     renews: Arc<AtomicUsize>,
@@ -31,6 +35,15 @@ struct Probe {
 #[async_trait]
 impl LockBackend for Probe {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        if self.permanent_acquire_failure.load(Ordering::SeqCst) {
+            return Err(LockError::permanent("probe", "permission denied"));
+        }
+        let failing =
+            self.transient_acquire_failures
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if failing.is_ok() {
+            return Err(LockError::transient("probe", "connection reset"));
+        }
         let lease = self.inner.try_acquire(req).await?;
         Ok(lease.map(|l| {
             if self.attach_revocation.load(Ordering::SeqCst) {
@@ -277,6 +290,63 @@ async fn dropping_a_waiting_acquire_cancels_it() {
     holder.release().await.unwrap();
     let g = locker.lock("held").try_acquire().await.unwrap();
     assert!(g.is_some(), "a dropped waiter left something behind");
+}
+
+#[tokio::test]
+async fn an_unbounded_acquire_retries_retryable_errors_and_returns_others() {
+    let backend = Probe::default();
+    let locker = Locker::new(backend.clone());
+    backend
+        .transient_acquire_failures
+        .store(5, Ordering::SeqCst);
+    let guard = timeout(Duration::from_secs(10), locker.lock("flaky").acquire())
+        .await
+        .expect("acquire kept waiting")
+        .expect("retryable errors are retried while waiting");
+    assert_eq!(backend.transient_acquire_failures.load(Ordering::SeqCst), 0);
+    guard.release().await.unwrap();
+
+    backend
+        .permanent_acquire_failure
+        .store(true, Ordering::SeqCst);
+    let r = timeout(Duration::from_secs(10), locker.lock("flaky").acquire())
+        .await
+        .expect("a permanent error must end the wait");
+    assert!(
+        matches!(
+            r,
+            Err(LockError::Backend {
+                retryable: false,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_renewal_by_hand_leaves_the_lease_held_until_its_deadline() {
+    let backend = Probe::default();
+    let locker = Locker::new(backend.clone());
+    let guard = locker
+        .lock("retry-renew")
+        .ttl(Duration::from_secs(5))
+        .auto_renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    backend
+        .fail_renew_before_deadline
+        .store(true, Ordering::SeqCst);
+    let r = guard.renew().await;
+    assert!(matches!(&r, Err(e) if e.is_retryable()), "{r:?}");
+    assert!(guard.is_held(), "a retryable failure is not a loss");
+    backend
+        .fail_renew_before_deadline
+        .store(false, Ordering::SeqCst);
+    guard.renew().await.expect("tried again");
+    assert!(guard.is_held());
+    guard.release().await.unwrap();
 }
 
 // ---- item 4: Lost from the backend reaches the caller ----
