@@ -214,7 +214,7 @@ async fn the_release_signal_fires_before_the_release_round_trip() {
 }
 
 #[tokio::test]
-async fn a_started_release_fires_lost_for_the_other_holds_watchers() {
+async fn a_release_in_flight_has_already_fired_the_signal() {
     let backend = Probe::default();
     let locker = Locker::new(backend.clone());
     backend.hang_release.store(true, Ordering::SeqCst);
