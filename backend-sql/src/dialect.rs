@@ -189,9 +189,14 @@ pub fn guarantees(dialect: Dialect) -> Guarantees {
     // over to an asynchronous replica that missed commits (see docs/sql.md).
     g.fencing = FencingGuarantee::Strict;
     g.fair_fifo = false;
-    // Expiry is judged by the database's clock in the same statement that
-    // takes the row; client clocks only shorten the local deadline.
-    g.expiry_clock = ExpiryClock::Server;
+    // Expiry is judged in the same statement that takes the row, by the
+    // clock of whatever runs that statement: the server for PostgreSQL and
+    // MySQL, but SQLite runs inside the client process, so there it is the
+    // client machine's wall clock.
+    g.expiry_clock = match dialect {
+        Dialect::Sqlite => ExpiryClock::ClientHost,
+        Dialect::Postgres | Dialect::MySql => ExpiryClock::Server,
+    };
     g.survives_restart = true;
     // No replica awareness: a failover to an async replica can lose the row.
     g.survives_failover = false;

@@ -178,8 +178,11 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError>;
 
     /// Compare-owner-and-delete. Releasing a lease that is already released
-    /// is `Ok`; `Err(Lost)` if someone else holds the lock now (their lock is
-    /// left untouched).
+    /// (or expired) with nobody granted the lock since is `Ok`; `Err(Lost)`
+    /// if someone else holds the lock now (their lock is left untouched), or
+    /// was granted it after this lease's last acquire or renew (a higher
+    /// fence, row version or revision shows it): the caller's critical
+    /// section may then have overlapped theirs.
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped release either happened or did not; the lock

@@ -2,16 +2,80 @@
 
 use std::time::Duration;
 
-/// Whose clock decides that a lease has expired.
+/// Whose clock decides that a lease has expired, on which host, and so what
+/// can make a lease end while its holder still believes it holds it.
+///
+/// The holder always ends its lease locally, on its own monotonic clock and
+/// earlier than the TTL (see [`ClockPolicy`](crate::ClockPolicy)); what the
+/// variant names is the OTHER clock, the one that lets the next holder in.
+/// When that clock jumps forward, or runs faster than the holder's, the next
+/// holder may be let in while the current one still believes it holds the
+/// lock: fencing tokens are the defence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ExpiryClock {
-    /// The lock server's clock (Redis PX, the database's `now()`).
+    /// The lock server's wall clock: Redis `PX`, PostgreSQL
+    /// `clock_timestamp()`, MySQL/MariaDB `UTC_TIMESTAMP()`.
     Server,
-    /// The leader's lease timer of a consensus group (etcd, ZooKeeper sessions).
+    /// The wall clock of the host the client runs on: SQLite evaluates
+    /// `julianday('now')` inside the client process, so every client judges
+    /// expiry by its own machine's clock.
+    ClientHost,
+    /// The monotonic lease timer of a consensus group's leader (etcd).
     Consensus,
-    /// The client process's own monotonic clock (the in-memory backend).
+    /// This process's monotonic clock (the in-memory backend).
     Local,
+}
+
+impl ExpiryClock {
+    /// Every variant, for tables and tests.
+    pub const ALL: [ExpiryClock; 4] = [
+        ExpiryClock::Server,
+        ExpiryClock::ClientHost,
+        ExpiryClock::Consensus,
+        ExpiryClock::Local,
+    ];
+
+    /// The clock, in a few words (the "lease expiry judged by" column).
+    pub fn judged_by(self) -> &'static str {
+        match self {
+            ExpiryClock::Server => "the lock server's wall clock",
+            ExpiryClock::ClientHost => "the wall clock of the client's host",
+            ExpiryClock::Consensus => "the consensus leader's monotonic lease timer",
+            ExpiryClock::Local => "this process's monotonic clock",
+        }
+    }
+
+    /// Whether a step of a wall clock (NTP, a manual change, a VM resume)
+    /// moves expiries.
+    pub fn is_wall_clock(self) -> bool {
+        matches!(self, ExpiryClock::Server | ExpiryClock::ClientHost)
+    }
+
+    /// What makes leases expire early, while their holders still believe
+    /// they hold them (and what only makes them expire late).
+    pub fn broken_by(self) -> &'static str {
+        match self {
+            ExpiryClock::Server => {
+                "a forward step of the server's wall clock expires leases early while \
+                 their holders still believe they hold them; a backward step keeps them \
+                 longer"
+            }
+            ExpiryClock::ClientHost => {
+                "a forward step of the wall clock of the host the clients run on \
+                 expires leases early while their holders still believe they hold them; a \
+                 backward step keeps them longer"
+            }
+            ExpiryClock::Consensus => {
+                "no wall-clock step; a leader whose monotonic clock runs fast expires \
+                 leases early; a leader change restarts every lease's TTL (late, never \
+                 early)"
+            }
+            ExpiryClock::Local => {
+                "nothing outside this process: holders and expiry read one monotonic clock"
+            }
+        }
+    }
 }
 
 /// How a waiter learns that a lock became free.
@@ -124,5 +188,24 @@ mod tests {
             g.effective_ttl(Duration::from_millis(2500)),
             Duration::from_secs(3)
         );
+    }
+
+    #[test]
+    fn each_expiry_clock_says_which_clock_and_what_breaks_it() {
+        let mut seen = std::collections::HashSet::new();
+        for c in ExpiryClock::ALL {
+            assert!(seen.insert(c.judged_by()), "{c:?}: text shared");
+            assert_eq!(
+                c.is_wall_clock(),
+                c.judged_by().contains("wall clock"),
+                "{c:?}"
+            );
+            if c.is_wall_clock() {
+                assert!(c.broken_by().contains("forward step"), "{c:?}");
+                assert!(c.broken_by().contains("early"), "{c:?}");
+            }
+            // Both end up in Markdown table cells.
+            assert!(!c.judged_by().contains('|') && !c.broken_by().contains('|'));
+        }
     }
 }

@@ -13,7 +13,8 @@ use crate::token::FencingToken;
 /// Proof of holding a lock, with its watchdog.
 ///
 /// While the guard lives, a watchdog renews the lease at a third of its TTL
-/// (unless disabled on the builder). Check [`is_held`](LockGuard::is_held)
+/// (unless disabled on the builder; then [`renew`](LockGuard::renew) it by
+/// hand), even after the [`Locker`](crate::Locker) that made it is dropped. Check [`is_held`](LockGuard::is_held)
 /// before acting, race critical work against [`lost`](LockGuard::lost), and
 /// pass [`fence`](LockGuard::fence) to every system you write to.
 ///
@@ -54,15 +55,19 @@ impl LockGuard {
     }
 
     /// Whether the lock is still ours as far as this process can tell: not
-    /// lost, and before the lease's local deadline. Once false, it stays
-    /// false.
+    /// lost, not revoked by the backend, not being released, and before the
+    /// lease's local deadline. Once false, it stays false: a renewal that
+    /// comes back after the deadline does not revive it.
     pub fn is_held(&self) -> bool {
         self.held.is_held()
     }
 
     /// Completes when the lock is lost: the backend said the lease is no
-    /// longer ours, renewals failed until the deadline, or the deadline
-    /// passed. Completes at once if that already happened.
+    /// longer ours (at a renewal, or on its own through the lease's
+    /// revocation signal), renewals failed until the deadline, or the
+    /// deadline passed. It also completes when the last hold of the lease
+    /// starts to release (before the release's I/O). Completes at once if
+    /// any of that already happened.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future changes nothing, and a new call
@@ -72,7 +77,9 @@ impl LockGuard {
     }
 
     /// An owned future of [`lost`](LockGuard::lost), for handing to another
-    /// task. It also completes when the guard is released or dropped.
+    /// task. It also completes as soon as the guard (its lease's last hold)
+    /// starts to release or is dropped: before the release's round trip,
+    /// and even if the `release()` future is then dropped.
     ///
     /// # Cancel safety
     /// Cancel safe, as [`lost`](LockGuard::lost).
@@ -81,19 +88,37 @@ impl LockGuard {
         async move { held.wait_gone().await }
     }
 
-    /// Gives back this hold; the lock is released on the server when it was
-    /// the last hold of the lease. `Err(Lost)` when the lock had already been
-    /// lost: the critical section may have overlapped another holder's.
+    /// Extends the lease by its TTL now, for leases taken with
+    /// `auto_renew(false)` (harmless with the watchdog on). `Err(Lost)` if
+    /// the lease is gone (lost, revoked, released, or past its local
+    /// deadline; it then stays gone); another error if the backend failed,
+    /// in which case the lease is still good until its deadline and the
+    /// renewal may be tried again.
     ///
     /// # Cancel safety
-    /// Cancel safe: if the future is dropped before the server answered, the
-    /// lock is released or expires at its TTL; the watchdog is already
-    /// stopped.
+    /// Cancel safe: a dropped renewal either extended the lease on the
+    /// server or did not; the guard keeps its last known deadline.
+    pub async fn renew(&self) -> Result<(), LockError> {
+        self.held.renew_now().await
+    }
+
+    /// Gives back this hold; the lock is released on the server when it was
+    /// the last hold of the lease. `Err(Lost)` when the lock had already been
+    /// lost, or the backend reports it was granted to someone else: the
+    /// critical section may have overlapped another holder's. A re-entrant
+    /// hold that is not the last one also says `Err(Lost)` then.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the watchdog is stopped and the lost signal fired before
+    /// any I/O; if the future is dropped before the server answered, the
+    /// lock is released or expires at its TTL.
     pub async fn release(mut self) -> Result<(), LockError> {
         self.done = true;
+        let was_held = self.held.is_held();
         match self.held.drop_hold() {
             Some(lease) => self.held.release_on_server(lease).await,
-            None => Ok(()),
+            None if was_held => Ok(()),
+            None => Err(self.held.lost_error()),
         }
     }
 }
@@ -106,20 +131,15 @@ impl Drop for LockGuard {
         let Some(lease) = self.held.drop_hold() else {
             return;
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                let held = Arc::clone(&self.held);
-                rt.spawn(async move {
-                    if let Err(e) = held.release_on_server(lease).await {
-                        tracing::debug!(error = %e, "polylock: release on drop failed");
-                    }
-                });
-            }
-            Err(_) => {
-                // No runtime to run the release on: the lease expires at its
-                // TTL. Close the signal so nobody acts on it meanwhile.
-                self.held.gone.cancel();
-            }
+        // With no runtime to run the release on, the lease expires at its
+        // TTL; drop_hold already closed the signal.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let held = Arc::clone(&self.held);
+            rt.spawn(async move {
+                if let Err(e) = held.release_on_server(lease).await {
+                    tracing::debug!(error = %e, "polylock: release on drop failed");
+                }
+            });
         }
     }
 }

@@ -1,10 +1,11 @@
 //! The shared state of one network lease while guards hold it.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
-use tokio::time::{sleep_until, Instant};
+use tokio::time::{sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -13,6 +14,7 @@ use crate::error::LockError;
 use crate::lease::Lease;
 use crate::observe;
 use crate::owner::{BackendId, Registry};
+use crate::watchdog::Scheduler;
 
 /// The registry key of a backend client.
 pub(crate) fn backend_id(backend: &Arc<dyn LockBackend>) -> BackendId {
@@ -26,29 +28,42 @@ pub(crate) struct Held {
     pub(crate) backend_name: &'static str,
     /// The current lease; the watchdog publishes each renewal here.
     pub(crate) lease: watch::Sender<Lease>,
-    /// Fired once the lease is lost or released: the holder must stop.
+    /// Fired once the lease is lost or its last hold starts to release: the
+    /// holder must stop.
     pub(crate) gone: CancellationToken,
     /// Stops the watchdog.
     pub(crate) stop: CancellationToken,
     state: Mutex<HoldState>,
     /// The owner's registry, for reentrant holders.
     registry: Option<Weak<Registry>>,
+    /// The runtime the lease was taken on: where a renewal scheduler that
+    /// died with another runtime is restarted.
+    pub(crate) runtime: Option<Handle>,
+    /// The scheduler renewing this lease. Held here, not only by the
+    /// Locker, so that a guard is renewed for as long as it lives.
+    scheduler: OnceLock<Arc<Scheduler>>,
 }
 
 struct HoldState {
     holds: usize,
     lost: bool,
+    /// Whether a watchdog renews this lease (some hold asked for it).
+    renewing: bool,
     watchdog: Option<AbortHandle>,
 }
 
 impl Held {
+    /// Inside a tokio runtime, a lease's revocation signal is watched by a
+    /// small task that turns it into a loss at once; without one it is seen
+    /// at the next `is_held`, `lost` or renewal.
     pub(crate) fn new(
         backend: Arc<dyn LockBackend>,
         lease: Lease,
         registry: Option<&Arc<Registry>>,
     ) -> Arc<Self> {
         let backend_name = backend.guarantees().backend;
-        Arc::new(Held {
+        let revocation = lease.revocation().cloned();
+        let held = Arc::new(Held {
             backend,
             backend_name,
             lease: watch::Sender::new(lease),
@@ -57,10 +72,32 @@ impl Held {
             state: Mutex::new(HoldState {
                 holds: 1,
                 lost: false,
+                renewing: false,
                 watchdog: None,
             }),
             registry: registry.map(Arc::downgrade),
-        })
+            runtime: Handle::try_current().ok(),
+            scheduler: OnceLock::new(),
+        });
+        if let (Some(revoked), Some(rt)) = (revocation, &held.runtime) {
+            // The backend learnt on its own that the lease is gone (a
+            // closed session, a keepalive answering TTL 0): the guard turns
+            // lost now, not at its next renewal. The task ends with the
+            // watchdog's stop, so it never outlives the holding.
+            let weak = Arc::downgrade(&held);
+            let stop = held.stop.clone();
+            rt.spawn(async move {
+                tokio::select! {
+                    _ = revoked.cancelled() => {
+                        if let Some(held) = weak.upgrade() {
+                            held.mark_lost("the backend revoked the lease");
+                        }
+                    }
+                    _ = stop.cancelled() => {}
+                }
+            });
+        }
+        held
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, HoldState> {
@@ -76,11 +113,30 @@ impl Held {
         self.state().watchdog = Some(handle);
     }
 
+    /// Records that a watchdog renews this lease from now on; false if one
+    /// already does (or the lease is over), so it is watched at most once.
+    pub(crate) fn start_renewing(&self) -> bool {
+        let mut s = self.state();
+        if s.renewing || s.holds == 0 || s.lost {
+            return false;
+        }
+        s.renewing = true;
+        true
+    }
+
+    /// Keeps `scheduler` alive while this lease is.
+    pub(crate) fn keep_scheduler(&self, scheduler: Arc<Scheduler>) {
+        let _ = self.scheduler.set(scheduler);
+    }
+
     /// Adds a reentrant hold; false if the lease is already gone or fully
     /// released.
     pub(crate) fn add_hold(&self) -> bool {
+        if !self.is_held() {
+            return false;
+        }
         let mut s = self.state();
-        if s.holds == 0 || s.lost || self.gone.is_cancelled() || self.current().is_expired() {
+        if s.holds == 0 || s.lost {
             return false;
         }
         s.holds += 1;
@@ -92,8 +148,13 @@ impl Held {
     }
 
     /// Drops one hold. Returns the lease to release on the server when that
-    /// was the last hold; the watchdog is stopped before this returns.
+    /// was the last hold. Then, before this returns and so before any I/O,
+    /// the watchdog is stopped and `gone` fires: whoever watches the signal
+    /// stops as soon as the release starts, even if the release future is
+    /// dropped or its round trip hangs.
     pub(crate) fn drop_hold(&self) -> Option<Lease> {
+        // Latch a loss that nobody observed yet, so the release reports it.
+        let _ = self.is_held();
         let mut s = self.state();
         s.holds = s.holds.saturating_sub(1);
         if s.holds > 0 {
@@ -104,6 +165,7 @@ impl Held {
             w.abort();
         }
         drop(s);
+        self.gone.cancel();
         if let Some(reg) = self.registry.as_ref().and_then(Weak::upgrade) {
             reg.remove(backend_id(&self.backend), self.current().name(), self);
         }
@@ -138,19 +200,116 @@ impl Held {
     }
 
     /// True while the lease is ours as far as this process can tell: not
-    /// lost, not released, and before the local deadline.
+    /// lost, not released, not revoked, and before the local deadline.
+    /// Once false it stays false: a deadline or revocation seen here is
+    /// recorded as a loss, and a later renewal does not undo it.
     pub(crate) fn is_held(&self) -> bool {
-        !self.gone.is_cancelled() && !self.current().is_expired()
+        if self.gone.is_cancelled() {
+            return false;
+        }
+        let lease = self.current();
+        if lease.is_expired() {
+            self.mark_lost("local deadline passed without a renewal");
+            return false;
+        }
+        if lease.is_revoked() {
+            self.mark_lost("the backend revoked the lease");
+            return false;
+        }
+        true
     }
 
-    /// Completes when the lease is lost, released, or past its local
-    /// deadline without a renewal. Cancel safe.
+    /// Publishes a renewal, unless the lease was lost or released meanwhile
+    /// or its deadline passed before the renewal came back: then the
+    /// renewal does not revive it and the answer is `Err(Lost)`.
+    pub(crate) fn publish_renewal(&self, renewed: Lease) -> Result<(), LockError> {
+        let s = self.state();
+        if s.lost || self.gone.is_cancelled() {
+            return Err(self.lost_error());
+        }
+        if self.current().is_expired() {
+            drop(s);
+            self.mark_lost("the renewal answered after the local deadline");
+            return Err(self.lost_error());
+        }
+        // A renewal by hand may have published a later one meanwhile.
+        self.lease.send_if_modified(|cur| {
+            let newer = renewed.sent_at() >= cur.sent_at();
+            if newer {
+                *cur = renewed;
+            }
+            newer
+        });
+        Ok(())
+    }
+
+    pub(crate) fn lost_error(&self) -> LockError {
+        LockError::Lost {
+            name: self.current().name().to_string(),
+        }
+    }
+
+    /// One renewal now, for leases renewed by hand: `Err(Lost)` if the
+    /// lease is gone (and it then stays gone), a retryable error if the
+    /// backend failed (the lease is still good until its deadline).
+    pub(crate) async fn renew_now(&self) -> Result<(), LockError> {
+        if !self.is_held() {
+            return Err(self.lost_error());
+        }
+        let lease = self.current();
+        let span = tracing::debug_span!(
+            "polylock.renew",
+            backend = self.backend_name,
+            name = %lease.name(),
+            fence = lease.fence().get(),
+        );
+        let attempt = tokio::select! {
+            _ = self.stop.cancelled() => return Err(self.lost_error()),
+            r = timeout_at(lease.deadline(), self.backend.renew(&lease)).instrument(span) => r,
+        };
+        match attempt {
+            Ok(Ok(renewed)) => self.publish_renewal(renewed),
+            Ok(Err(e)) if e.is_lost() => {
+                self.mark_lost("the backend reports the lease is no longer ours");
+                Err(e)
+            }
+            Ok(Err(e)) => {
+                observe::renew_failed(self.backend_name);
+                Err(e)
+            }
+            Err(_elapsed) => {
+                observe::renew_failed(self.backend_name);
+                self.mark_lost("no renewal answered before the deadline");
+                Err(self.lost_error())
+            }
+        }
+    }
+
+    /// Completes when the lease is lost, revoked, its last hold starts to
+    /// release, or it is past its local deadline without a renewal. Cancel
+    /// safe.
     pub(crate) async fn wait_gone(&self) {
         let mut rx = self.lease.subscribe();
         loop {
-            let deadline: Instant = rx.borrow_and_update().deadline();
+            if !self.is_held() {
+                return;
+            }
+            let (deadline, revoked) = {
+                let lease = rx.borrow_and_update();
+                (lease.deadline(), lease.revocation().cloned())
+            };
+            let revoked = async move {
+                match revoked {
+                    Some(t) => t.cancelled_owned().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = self.gone.cancelled() => return,
+                _ = revoked => {
+                    self.mark_lost("the backend revoked the lease");
+                    return;
+                }
                 changed = rx.changed() => {
                     if changed.is_err() {
                         return;
@@ -166,12 +325,15 @@ impl Held {
         }
     }
 
-    /// Releases `lease` on the server and closes the signal. Returns
-    /// `Err(Lost)` when the lease had been lost before the release, even if
-    /// the server-side cleanup succeeded, so the caller learns that its
-    /// critical section may have overlapped another holder's.
+    /// Releases `lease` on the server. Returns `Err(Lost)` when the lease
+    /// had been lost before the release, even if the server-side cleanup
+    /// succeeded, so the caller learns that its critical section may have
+    /// overlapped another holder's; and whatever the backend answered
+    /// otherwise (its own `Err(Lost)` included).
     pub(crate) async fn release_on_server(&self, lease: Lease) -> Result<(), LockError> {
-        let was_lost = self.is_lost() || lease.is_expired();
+        let was_lost = self.is_lost() || lease.is_expired() || lease.is_revoked();
+        // Normally fired by drop_hold already; a no-op then.
+        self.gone.cancel();
         let span = tracing::debug_span!(
             "polylock.release",
             backend = self.backend_name,
@@ -179,7 +341,6 @@ impl Held {
             fence = lease.fence().get()
         );
         let result = self.backend.release(&lease).instrument(span).await;
-        self.gone.cancel();
         observe::released(self.backend_name);
         match result {
             Ok(()) if was_lost => Err(LockError::Lost {

@@ -4,8 +4,11 @@
 //!   wait, renew, release, inspect, and its [`Guarantees`] as data).
 //! - [`Lease`], [`FencingToken`], [`OwnerToken`], [`LockName`]: the values
 //!   that cross that contract, validated once here.
-//! - [`Locker`], [`LockGuard`]: the API applications use, with a watchdog
-//!   that renews at a third of the TTL and a [`LockGuard::lost`] signal.
+//! - [`Locker`], [`LockGuard`]: the API applications use. `acquire()` waits
+//!   until it holds the lock (`.wait(d)` bounds it, `try_acquire()` never
+//!   waits); a watchdog renews at a third of the TTL for as long as the
+//!   guard lives, and [`LockGuard::lost`] fires the moment the lock may be
+//!   gone.
 //! - [`MemoryBackend`]: the in-process reference implementation.
 //! - [`LockError`]: the one error type.
 //!
@@ -47,7 +50,7 @@ pub use error::{BoxError, LockError, Result};
 pub use guarantees::{ExpiryClock, FencingGuarantee, Guarantees, WaitMechanism};
 pub use guard::LockGuard;
 pub use lease::{ClockPolicy, Lease};
-pub use locker::{LockBuilder, Locker, DEFAULT_TTL};
+pub use locker::{LockBuilder, Locker, RunOutcome, DEFAULT_TTL};
 pub use memory::MemoryBackend;
 pub use name::LockName;
 pub use owner::Owner;

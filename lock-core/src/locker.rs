@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use tokio::time::{timeout, Instant};
 use tracing::Instrument;
 
 use crate::backend::{validate_ttl, validate_wait, AcquireRequest, HolderInfo, LockBackend};
@@ -51,12 +51,15 @@ pub struct Locker {
     /// Renews the leases taken through this locker and its clones.
     watchdog: Arc<Watchdog>,
     ttl: Duration,
-    wait: Duration,
+    /// None: acquire waits until it holds the lock.
+    wait: Option<Duration>,
     clock: ClockPolicy,
 }
 
 impl Locker {
-    /// A locker over `backend`, with a 30 s TTL and no wait by default.
+    /// A locker over `backend`, with a 30 s TTL; by default
+    /// [`acquire`](LockBuilder::acquire) waits, without bound, until it
+    /// holds the lock (like `Mutex::lock`), and is cancelled by dropping it.
     pub fn new(backend: impl LockBackend) -> Self {
         Self::from_arc(Arc::new(backend))
     }
@@ -67,7 +70,7 @@ impl Locker {
             backend,
             watchdog: Arc::default(),
             ttl: DEFAULT_TTL,
-            wait: Duration::ZERO,
+            wait: None,
             clock: ClockPolicy::default(),
         }
     }
@@ -79,10 +82,12 @@ impl Locker {
         Ok(self)
     }
 
-    /// Sets the default wait of locks taken through this locker.
+    /// Bounds the default wait of locks taken through this locker: their
+    /// [`acquire`](LockBuilder::acquire) gives up with `Err(Timeout)` after
+    /// `wait` (zero: after one attempt) instead of waiting without bound.
     pub fn with_default_wait(mut self, wait: Duration) -> Result<Self, LockError> {
         validate_wait(wait)?;
-        self.wait = wait;
+        self.wait = Some(wait);
         Ok(self)
     }
 
@@ -124,10 +129,13 @@ impl Locker {
         self.backend.inspect(&name).await
     }
 
-    /// Takes `name` with the locker's defaults, runs `f` with the fencing
-    /// token, and releases. If the lock is lost while `f` runs, `f` is
-    /// cancelled (dropped at its next `.await`) and the result is
-    /// `Err(Lost)`.
+    /// Takes `name` with the locker's defaults (waiting for it, without
+    /// bound unless [`with_default_wait`](Locker::with_default_wait) set
+    /// one), runs `f` with the fencing token, and releases. If the lock is
+    /// lost while `f` runs, `f` is cancelled (dropped at its next `.await`)
+    /// and the result is `Err(Lost)`; so it is when only the release learns
+    /// of the loss (use [`LockBuilder::run_reporting`] to keep `f`'s output
+    /// then).
     ///
     /// # Cancel safety
     /// Dropping the future drops `f` and releases the lock (through the
@@ -148,9 +156,40 @@ pub struct LockBuilder {
     locker: Locker,
     name: Result<LockName, LockError>,
     ttl: Duration,
-    wait: Duration,
+    wait: Option<Duration>,
     owner: Option<Owner>,
     auto_renew: bool,
+}
+
+/// How a [`LockBuilder::run_reporting`] ended: the closure ran to its end,
+/// and this is its output together with what the release said.
+#[derive(Debug)]
+#[must_use = "`release` may report that the lock was lost"]
+pub struct RunOutcome<T> {
+    /// What the closure returned.
+    pub output: T,
+    /// The release: `Err(Lost)` when the lock had been lost (or granted to
+    /// someone else) before it, so the closure's work may have overlapped
+    /// another holder's; another error when the release itself failed (the
+    /// lock then expires at its TTL).
+    pub release: Result<(), LockError>,
+}
+
+impl<T> RunOutcome<T> {
+    /// The output if the release was clean, else the release's error: what
+    /// [`LockBuilder::run`] returns.
+    pub fn into_result(self) -> Result<T, LockError> {
+        self.release.map(|()| self.output)
+    }
+}
+
+/// How long one acquisition may wait.
+#[derive(Clone, Copy, Debug)]
+enum Wait {
+    /// One attempt.
+    Never,
+    /// Until the lock is held, or for at most this long.
+    Upto(Option<Duration>),
 }
 
 impl LockBuilder {
@@ -161,10 +200,11 @@ impl LockBuilder {
         self
     }
 
-    /// How long [`acquire`](LockBuilder::acquire) may wait for a holder to
-    /// go away. Zero: one attempt.
+    /// Bounds how long [`acquire`](LockBuilder::acquire) waits for a holder
+    /// to go away (zero: one attempt). Without it, `acquire` waits until it
+    /// holds the lock (unless the locker set a default bound).
     pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
+        self.wait = Some(wait);
         self
     }
 
@@ -176,19 +216,24 @@ impl LockBuilder {
     }
 
     /// Whether a watchdog renews the lease while the guard lives (default
-    /// true). Without it the lock expires at its TTL unless renewed by hand.
+    /// true). Without it the lock expires at its TTL unless renewed by hand
+    /// with [`LockGuard::renew`]. For a re-entrant hold: once any hold of a
+    /// lease asked for renewal, the watchdog renews it until its last hold
+    /// is released.
     pub fn auto_renew(mut self, on: bool) -> Self {
         self.auto_renew = on;
         self
     }
 
-    /// Waits up to the configured wait; `Err(Timeout)` if the lock stayed
-    /// taken.
+    /// Takes the lock, waiting for it: until it is held when no wait was
+    /// set, else up to the wait, then `Err(Timeout)`. Retryable backend
+    /// errors are retried while waiting; others are returned at once.
     ///
     /// # Cancel safety
-    /// Dropping the future while it waits leaves nothing behind. Dropping it
-    /// while an attempt is in flight may leave a lock that nobody holds
-    /// until its TTL runs out (see [`LockBackend::try_acquire`]).
+    /// Dropping the future while it waits leaves nothing behind: this is
+    /// how an unbounded wait is cancelled. Dropping it while an attempt is
+    /// in flight may leave a lock that nobody holds until its TTL runs out
+    /// (see [`LockBackend::try_acquire`]).
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         let wait = self.wait;
         let name = self
@@ -196,27 +241,50 @@ impl LockBuilder {
             .as_ref()
             .map(|n| n.to_string())
             .unwrap_or_default();
-        match self.take(true).await? {
+        match self.take(Wait::Upto(wait)).await? {
             Some(guard) => Ok(guard),
-            None => Err(LockError::Timeout { name, waited: wait }),
+            None => Err(LockError::Timeout {
+                name,
+                waited: wait.unwrap_or_default(),
+            }),
         }
     }
 
-    /// One attempt: `Ok(None)` if someone else holds the lock.
+    /// One attempt, never waiting: `Ok(None)` if someone else holds the
+    /// lock, or if the same [`Owner`] is in the middle of acquiring it.
     ///
     /// # Cancel safety
     /// As [`LockBackend::try_acquire`].
     pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
-        self.take(false).await
+        self.take(Wait::Never).await
     }
 
-    /// Acquires (waiting as configured), runs `f` with the fencing token,
-    /// and releases; `Err(Lost)` if the lock was lost while `f` ran, in which
-    /// case `f` was cancelled.
+    /// Acquires (waiting as [`acquire`](LockBuilder::acquire) does), runs
+    /// `f` with the fencing token, and releases; `Err(Lost)` if the lock was
+    /// lost while `f` ran, in which case `f` was cancelled, and also when
+    /// only the release reported the loss (then `f`'s output is dropped:
+    /// [`run_reporting`](LockBuilder::run_reporting) keeps it).
     ///
     /// # Cancel safety
     /// Dropping the future drops `f` and releases the lock.
     pub async fn run<F, Fut, T>(self, f: F) -> Result<T, LockError>
+    where
+        F: FnOnce(crate::FencingToken) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        self.run_reporting(f).await?.into_result()
+    }
+
+    /// As [`run`](LockBuilder::run), but once `f` ran to its end its output
+    /// is returned together with the release's outcome, so a loss that only
+    /// the release learns of (the lock was granted to someone else while
+    /// `f` worked) does not discard the work's result. `Err` means that
+    /// nothing ran to its end: the acquire failed, or the lock was lost
+    /// while `f` ran and `f` was cancelled (`Err(Lost)`).
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops `f` and releases the lock.
+    pub async fn run_reporting<F, Fut, T>(self, f: F) -> Result<RunOutcome<T>, LockError>
     where
         F: FnOnce(crate::FencingToken) -> Fut,
         Fut: Future<Output = T>,
@@ -228,7 +296,10 @@ impl LockBuilder {
             out = f(guard.fence()) => Some(out),
         };
         match out {
-            Some(out) => guard.release().await.map(|()| out),
+            Some(output) => Ok(RunOutcome {
+                output,
+                release: guard.release().await,
+            }),
             None => {
                 let name = guard.name().to_string();
                 // The guard is gone already; releasing only cleans up.
@@ -238,30 +309,55 @@ impl LockBuilder {
         }
     }
 
-    async fn take(self, wait: bool) -> Result<Option<LockGuard>, LockError> {
+    async fn take(self, wait: Wait) -> Result<Option<LockGuard>, LockError> {
         let name = self.name?;
         validate_ttl(self.ttl)?;
-        let wait_for = if wait { self.wait } else { Duration::ZERO };
+        let (wait_for, bounded) = match wait {
+            Wait::Never => (Duration::ZERO, true),
+            Wait::Upto(Some(d)) => (d, true),
+            // One backend wait at most MAX_WAIT long, repeated.
+            Wait::Upto(None) => (crate::backend::MAX_WAIT, false),
+        };
         let owner_token = self
             .owner
             .as_ref()
             .map_or_else(OwnerToken::random, Owner::token);
         let mut req = AcquireRequest::new(name, owner_token, self.ttl, wait_for)?;
         req.clock = self.locker.clock;
+        let started = Instant::now();
 
-        let _serial = match &self.owner {
+        let _turn = match &self.owner {
             Some(owner) => {
-                let turn = owner.acquiring.clone().lock_owned().await;
-                if let Some(held) = owner
-                    .registry
-                    .reenter(backend_id(&self.locker.backend), &req.name)
-                {
-                    return Ok(Some(LockGuard::new(held)));
+                let id = backend_id(&self.locker.backend);
+                // Re-entry never waits, not even for the owner's turn.
+                if let Some(held) = owner.registry.reenter(id, &req.name) {
+                    return Ok(Some(reentered(&self.locker, self.auto_renew, held)));
+                }
+                let gate = owner.registry.gate(id, &req.name);
+                let turn = match wait {
+                    Wait::Never => match gate.try_lock_owned() {
+                        Ok(turn) => turn,
+                        // This owner is acquiring the name right now.
+                        Err(_) => return Ok(None),
+                    },
+                    Wait::Upto(None) => gate.lock_owned().await,
+                    // The turn counts against the wait.
+                    Wait::Upto(Some(d)) => match timeout(d, gate.lock_owned()).await {
+                        Ok(turn) => turn,
+                        Err(_) => return Ok(None),
+                    },
+                };
+                // The acquisition we waited for may have taken it.
+                if let Some(held) = owner.registry.reenter(id, &req.name) {
+                    return Ok(Some(reentered(&self.locker, self.auto_renew, held)));
                 }
                 Some(turn)
             }
             None => None,
         };
+        if bounded {
+            req.wait = wait_for.saturating_sub(started.elapsed());
+        }
 
         let backend = &self.locker.backend;
         let backend_name = backend.guarantees().backend;
@@ -271,11 +367,15 @@ impl LockBuilder {
             name = %req.name,
             fence = tracing::field::Empty,
         );
-        let started = Instant::now();
-        let result = if wait_for.is_zero() {
+        let result = if req.wait.is_zero() {
             backend.try_acquire(&req).instrument(span.clone()).await
         } else {
-            backend.acquire(&req).instrument(span.clone()).await
+            loop {
+                match backend.acquire(&req).instrument(span.clone()).await {
+                    Ok(None) if !bounded => continue,
+                    other => break other,
+                }
+            }
         };
         let outcome = match &result {
             Ok(Some(lease)) => {
@@ -302,9 +402,18 @@ impl LockBuilder {
                 .registry
                 .insert(backend_id(backend), req.name.clone(), &held);
         }
-        if self.auto_renew {
+        if self.auto_renew && held.start_renewing() {
             self.locker.watchdog.watch(&held);
         }
         Ok(Some(LockGuard::new(held)))
     }
+}
+
+/// A guard for a hold added to a lease the owner already holds; this hold's
+/// `auto_renew` starts renewals if none ran.
+fn reentered(locker: &Locker, auto_renew: bool, held: Arc<Held>) -> LockGuard {
+    if auto_renew && held.start_renewing() {
+        locker.watchdog.watch(&held);
+    }
+    LockGuard::new(held)
 }

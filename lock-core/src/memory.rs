@@ -138,15 +138,17 @@ impl LockBackend for MemoryBackend {
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
         let now = Instant::now();
         let mut t = self.table();
-        // A later grant (the counter moved past our fence) means someone
-        // else held the lock after us: our critical section may have
-        // overlapped theirs, so say so even though nothing is left to free.
-        let granted_since = t
+        // Someone else was granted the lock since this lease was (a higher
+        // fence was handed out).
+        let superseded = t
             .fences
             .get(lease.name())
-            .is_some_and(|&last| last > lease.fence().get());
+            .is_some_and(|&f| f > lease.fence().get());
         match t.live(lease.name(), now) {
-            None if granted_since => Err(LockError::Lost {
+            // Already released or expired: fine, unless it was superseded,
+            // so the holder learns its critical section may have overlapped
+            // another holder's.
+            None if superseded => Err(LockError::Lost {
                 name: lease.name().to_string(),
             }),
             None => Ok(()),

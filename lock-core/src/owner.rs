@@ -16,24 +16,36 @@ use crate::token::OwnerToken;
 /// the server when the last hold is released. Without an owner every acquire
 /// is a new holder, so two tasks never share a lock by accident.
 ///
+/// One owner's acquisitions of one name (on one backend) take turns, so two
+/// first acquisitions cannot both go to the network; acquisitions of other
+/// names, and re-entry into a lease the owner holds, never wait for them.
+///
 /// Clones are the same owner.
 #[derive(Clone)]
 pub struct Owner {
     pub(crate) token: OwnerToken,
     pub(crate) registry: Arc<Registry>,
-    /// Serializes this owner's acquisitions, so two first acquisitions of
-    /// one name by one owner cannot both go to the network.
-    pub(crate) acquiring: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Which backend a lease lives on: the address of its shared client, so
 /// one owner used with two lockers never mixes their leases.
 pub(crate) type BackendId = usize;
 
+type Key = (BackendId, LockName);
+
 /// The leases an owner holds, by backend and name.
 #[derive(Default)]
 pub(crate) struct Registry {
-    held: Mutex<HashMap<(BackendId, LockName), Weak<Held>>>,
+    held: Mutex<HashMap<Key, Weak<Held>>>,
+    /// One turn per (backend, name) being acquired; dead entries are swept
+    /// once the map has doubled since the last sweep.
+    gates: Mutex<Gates>,
+}
+
+#[derive(Default)]
+struct Gates {
+    map: HashMap<Key, Weak<tokio::sync::Mutex<()>>>,
+    swept_len: usize,
 }
 
 impl Registry {
@@ -53,6 +65,25 @@ impl Registry {
             _ => {
                 map.remove(&key);
                 None
+            }
+        }
+    }
+
+    /// The turn of this owner's acquisitions of `name` on `backend`.
+    pub(crate) fn gate(&self, backend: BackendId, name: &LockName) -> Arc<tokio::sync::Mutex<()>> {
+        // Plain map operations only: a poisoned map is still consistent.
+        let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+        if gates.map.len() >= 2 * gates.swept_len.max(64) {
+            gates.map.retain(|_, g| g.strong_count() > 0);
+            gates.swept_len = gates.map.len();
+        }
+        let slot = gates.map.entry((backend, name.clone())).or_default();
+        match slot.upgrade() {
+            Some(gate) => gate,
+            None => {
+                let gate = Arc::default();
+                *slot = Arc::downgrade(&gate);
+                gate
             }
         }
     }
@@ -80,7 +111,6 @@ impl Owner {
         Owner {
             token: OwnerToken::random(),
             registry: Arc::default(),
-            acquiring: Arc::default(),
         }
     }
 

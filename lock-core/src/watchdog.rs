@@ -13,6 +13,12 @@
 //! ours, the lease is marked lost. Release, drop of the last guard and loss
 //! cancel `held.stop`: the lease is skipped from then on and an in-flight
 //! renewal is aborted, so renewals never outlive the guards.
+//!
+//! Every watched lease keeps its scheduler alive (the Locker is not needed:
+//! a guard is renewed for as long as it lives). The scheduler task runs on
+//! one runtime; if that runtime shuts down under it, the task's drop
+//! restarts it on the runtime of each lease still queued (the first live
+//! one wins), so leases taken on other runtimes keep being renewed.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -35,14 +41,18 @@ const IDLE: Duration = Duration::from_secs(1);
 /// The renewal scheduler of one locker.
 #[derive(Default)]
 pub(crate) struct Watchdog {
-    inner: Arc<Inner>,
+    inner: Arc<Scheduler>,
 }
 
+/// The shared state of a scheduler, kept alive by its locker and by every
+/// lease it renews.
 #[derive(Default)]
-struct Inner {
+pub(crate) struct Scheduler {
     state: Mutex<State>,
     wake: Notify,
 }
+
+type Inner = Scheduler;
 
 #[derive(Default)]
 struct State {
@@ -54,6 +64,8 @@ struct State {
     /// When the scheduler will look at the queue next (None: not running).
     planned: Option<Instant>,
     task: Option<JoinHandle<()>>,
+    /// Which spawn of the scheduler task is current.
+    generation: u64,
 }
 
 struct Entry {
@@ -87,8 +99,10 @@ impl std::fmt::Debug for Watchdog {
 
 impl Watchdog {
     /// Schedules the next renewal of `held` at `sent_at + ttl/3` of its
-    /// current lease. Must run inside a tokio runtime.
+    /// current lease, and ties this scheduler's life to the lease. Must run
+    /// inside a tokio runtime.
     pub(crate) fn watch(&self, held: &Arc<Held>) {
+        held.keep_scheduler(Arc::clone(&self.inner));
         schedule(&self.inner, held);
     }
 }
@@ -119,20 +133,83 @@ fn schedule(inner: &Arc<Inner>, held: &Arc<Held>) {
     }));
     // (Re)start the scheduler if it is not running on a live runtime: the
     // runtime it ran on may have shut down since.
-    if st.task.as_ref().is_none_or(|t| t.is_finished()) {
-        st.planned = Some(at);
-        st.task = Some(tokio::spawn(run(Arc::downgrade(inner))));
-    } else if st.planned.is_none_or(|p| at < p) {
+    if !ensure_running(inner, &mut st, at) && st.planned.is_none_or(|p| at < p) {
         st.planned = Some(at);
         drop(st);
         inner.wake.notify_one();
     }
 }
 
+/// Spawns the scheduler task on the current runtime unless it runs; true if
+/// it was spawned (it then looks at the queue at once).
+fn ensure_running(inner: &Arc<Inner>, st: &mut State, at: Instant) -> bool {
+    if st.task.as_ref().is_some_and(|t| !t.is_finished()) {
+        return false;
+    }
+    st.generation += 1;
+    st.planned = Some(at);
+    st.task = Some(tokio::spawn(run(Arc::downgrade(inner), st.generation)));
+    true
+}
+
+/// Restarts the scheduler if its task went away while leases are queued.
+/// Lives in the scheduler task: the task ends normally only once its state
+/// is gone, so a drop with the state still alive means its runtime shut
+/// down (or a renewal panicked) under it.
+struct Restart {
+    inner: Weak<Inner>,
+    generation: u64,
+}
+
+impl Drop for Restart {
+    fn drop(&mut self) {
+        let Some(inner) = self.inner.upgrade() else {
+            return;
+        };
+        let runtimes: Vec<tokio::runtime::Handle> = {
+            let mut st = lock(&inner);
+            if st.generation != self.generation {
+                return;
+            }
+            st.task = None;
+            st.planned = None;
+            st.queue
+                .iter()
+                .filter_map(|Reverse(e)| e.held.upgrade())
+                .filter(|h| !h.stop.is_cancelled())
+                .filter_map(|h| h.runtime.clone())
+                .collect()
+        };
+        // The dying runtime drops what is spawned on it unpolled; the first
+        // live one restarts the scheduler, and the rest find it running.
+        for rt in runtimes {
+            restart_on(&rt, &inner);
+        }
+    }
+}
+
+/// Has `rt` start the scheduler if it is not running, or wake it.
+fn restart_on(rt: &tokio::runtime::Handle, inner: &Arc<Inner>) {
+    let weak = Arc::downgrade(inner);
+    rt.spawn(async move {
+        if let Some(inner) = weak.upgrade() {
+            let mut st = lock(&inner);
+            if !ensure_running(&inner, &mut st, Instant::now()) {
+                drop(st);
+                inner.wake.notify_one();
+            }
+        }
+    });
+}
+
 /// The scheduler loop. Between rounds it holds only a weak reference, so it
 /// ends at its next wake-up (within [`IDLE`]) once its locker (every clone)
-/// and every lease's renewal are gone.
-async fn run(inner: Weak<Inner>) {
+/// and every lease it renews are gone.
+async fn run(inner: Weak<Inner>, generation: u64) {
+    let _restart = Restart {
+        inner: inner.clone(),
+        generation,
+    };
     loop {
         let Some(strong) = inner.upgrade() else {
             return;
@@ -170,10 +247,71 @@ async fn run(inner: Weak<Inner>) {
 
 /// One renewal of `held`, retried until its deadline; schedules the next.
 async fn renew(inner: Arc<Inner>, held: Arc<Held>) {
+    let requeue = Requeue {
+        inner: Arc::clone(&inner),
+        held: Arc::downgrade(&held),
+        armed: true,
+    };
+    renew_until_deadline(inner, held).await;
+    requeue.disarm();
+}
+
+/// Puts a lease back in the queue when its renewal task is dropped before
+/// it finished (its runtime shut down): while a renewal runs, the lease is
+/// not queued, so nothing else would renew it again.
+struct Requeue {
+    inner: Arc<Inner>,
+    held: Weak<Held>,
+    armed: bool,
+}
+
+impl Requeue {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Requeue {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Some(held) = self.held.upgrade() else {
+            return;
+        };
+        if held.stop.is_cancelled() {
+            return;
+        }
+        let mut st = lock(&self.inner);
+        let id = st.next_id;
+        st.next_id += 1;
+        let now = Instant::now();
+        st.queue.push(Reverse(Entry {
+            at: now,
+            id,
+            held: Arc::downgrade(&held),
+        }));
+        let running = st.task.as_ref().is_some_and(|t| !t.is_finished());
+        drop(st);
+        if running {
+            // If that task is dying too, its Restart finds this entry.
+            self.inner.wake.notify_one();
+        } else if let Some(rt) = &held.runtime {
+            restart_on(rt, &self.inner);
+        }
+    }
+}
+
+async fn renew_until_deadline(inner: Arc<Inner>, held: Arc<Held>) {
     let lease = held.current();
     let mut pause = (lease.ttl() / 20).clamp(Duration::from_millis(5), Duration::from_secs(1));
     loop {
         let deadline = lease.deadline();
+        if Instant::now() >= deadline {
+            // A request sent now could not make the old lease valid again.
+            held.mark_lost("renewal kept failing until the deadline");
+            return;
+        }
         let span = tracing::debug_span!(
             "polylock.renew",
             backend = held.backend_name,
@@ -192,8 +330,7 @@ async fn renew(inner: Arc<Inner>, held: Arc<Held>) {
                     fence = renewed.fence().get(),
                     "polylock: renewed"
                 );
-                held.lease.send_replace(renewed);
-                if !held.stop.is_cancelled() {
+                if held.publish_renewal(renewed).is_ok() && !held.stop.is_cancelled() {
                     schedule(&inner, &held);
                 }
                 return;

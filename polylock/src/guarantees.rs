@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::{ExpiryClock, FencingGuarantee, Guarantees, WaitMechanism};
+use lock_core::{FencingGuarantee, Guarantees, WaitMechanism};
 
 /// What each backend compiled into this build declares it guarantees, in a
 /// stable order. These are the claims the conformance suite selects cases
@@ -36,8 +36,8 @@ pub fn declared_guarantees() -> Vec<Guarantees> {
 /// prints and docs/guarantees.md holds).
 pub fn guarantees_table() -> String {
     let mut out = String::from(
-        "| backend | fencing tokens | FIFO waiters | lease expiry judged by | survives server restart | survives failover | waiters wake by | smallest TTL / step | force release |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+        "| backend | fencing tokens | FIFO waiters | lease expiry judged by | what expires leases early | survives server restart | survives failover | waiters wake by | smallest TTL / step | force release |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for g in declared_guarantees() {
         let fencing = match g.fencing {
@@ -46,12 +46,6 @@ pub fn guarantees_table() -> String {
                 format!("increasing unless data is lost: {why}")
             }
             _ => "see backend docs".to_string(),
-        };
-        let clock = match g.expiry_clock {
-            ExpiryClock::Server => "the server's clock",
-            ExpiryClock::Consensus => "the consensus leader's lease timer",
-            ExpiryClock::Local => "this process's clock",
-            _ => "see backend docs",
         };
         let wait = match g.wait {
             WaitMechanism::InProcess => "in-process notification",
@@ -62,11 +56,12 @@ pub fn guarantees_table() -> String {
             _ => "see backend docs",
         };
         out += &format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} / {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} |\n",
             g.backend,
             fencing.replace('|', "\\|"),
             yes(g.fair_fifo),
-            clock,
+            g.expiry_clock.judged_by(),
+            g.expiry_clock.broken_by(),
             yes(g.survives_restart),
             yes(g.survives_failover),
             wait,

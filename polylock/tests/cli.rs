@@ -250,3 +250,93 @@ fn bad_input_is_a_usage_error_without_secrets() {
         text(&out.stderr)
     );
 }
+
+/// Waits until `file` exists in `dir`.
+fn wait_file(dir: &Path, file: &str) {
+    let start = Instant::now();
+    while !dir.join(file).exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{file} never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_release_that_finds_another_holder_exits_76_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    // A holds with a long TTL (no renewal during the test), until `a-go`.
+    let a = polylock(dir.path())
+        .args([
+            "run",
+            "--ttl",
+            "60s",
+            "shared-job",
+            "--",
+            "sh",
+            "-c",
+            "while [ ! -e a-go ]; do sleep 0.05; done",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_held(dir.path(), "shared-job");
+    // An operator removes A's lock; B takes it and works until `b-go`.
+    let out = run_ok(polylock(dir.path()).args(["release", "shared-job", "--force"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let b = polylock(dir.path())
+        .args([
+            "run",
+            "--wait",
+            "20s",
+            "shared-job",
+            "--",
+            "sh",
+            "-c",
+            "touch b-in; while [ ! -e b-go ]; do sleep 0.05; done",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_file(dir.path(), "b-in");
+    // A's command ends while B holds: A's work overlapped B's.
+    std::fs::write(dir.path().join("a-go"), "").unwrap();
+    let a = a.wait_with_output().unwrap();
+    let err = text(&a.stderr);
+    assert_eq!(a.status.code(), Some(76), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("was lost"), "{err}");
+    std::fs::write(dir.path().join("b-go"), "").unwrap();
+    let b = b.wait_with_output().unwrap();
+    assert!(b.status.success(), "{}", text(&b.stderr));
+}
+
+#[test]
+fn status_shows_only_a_prefix_of_the_owner_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut holder = polylock(dir.path())
+        .args([
+            "run",
+            "secretive",
+            "--",
+            "sh",
+            "-c",
+            "while [ ! -e go ]; do sleep 0.05; done",
+        ])
+        .spawn()
+        .unwrap();
+    wait_held(dir.path(), "secretive");
+    let out = run_ok(polylock(dir.path()).args(["status", "secretive"]));
+    let shown = text(&out.stdout);
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    assert!(holder.wait().unwrap().success());
+    let line = shown
+        .lines()
+        .find(|l| l.contains("held by"))
+        .unwrap_or_else(|| panic!("{shown}"));
+    let owner = line.rsplit("held by ").next().unwrap().trim();
+    let hex: String = owner.chars().take_while(char::is_ascii_hexdigit).collect();
+    assert_eq!(hex.len(), 8, "show 8 hex digits of the owner: {line}");
+    assert_eq!(owner, format!("{hex}…"), "{line}");
+}

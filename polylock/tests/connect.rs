@@ -55,3 +55,36 @@ async fn errors_never_show_passwords() {
     let m = config_message(connect("memory://x?password=hunter2").await);
     assert!(!m.contains("hunter2"), "{m}");
 }
+
+#[tokio::test]
+async fn the_one_liner_guard_is_renewed_without_its_locker() {
+    use std::time::Duration;
+    let guard = connect("memory://one-liner")
+        .await
+        .unwrap()
+        .lock("job")
+        .ttl(Duration::from_secs(1))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(guard.is_held(), "the guard was not renewed");
+    let other = connect("memory://one-liner").await.unwrap();
+    assert!(other.lock("job").try_acquire().await.unwrap().is_none());
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn unencoded_delimiters_in_passwords_never_show() {
+    for url in [
+        "nosuch://:ab#c@h",
+        "nosuch://u:p#w@h",
+        "nosuch://u:pa/ss@h/db",
+        "nosuch://u:p?x=y@h",
+    ] {
+        let m = config_message(connect(url).await);
+        for secret in ["ab#c", "p#w", "pa/ss", "p?x=y"] {
+            assert!(!m.contains(secret), "{url}: {m}");
+        }
+    }
+}

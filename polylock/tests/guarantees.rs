@@ -38,3 +38,46 @@ fn every_compiled_backend_declares_its_guarantees_once() {
         );
     }
 }
+
+/// docs/sql.md, with every run of whitespace made one space (the prose is
+/// wrapped at any word).
+#[cfg(feature = "sql")]
+fn sql_doc() -> String {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/sql.md"))
+        .expect("docs/sql.md");
+    doc.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(feature = "sql")]
+#[test]
+fn docs_sql_states_the_expiry_clock_each_sql_backend_declares() {
+    let declared = |name: &str| {
+        polylock::declared_guarantees()
+            .into_iter()
+            .find(|g| g.backend == name)
+            .unwrap_or_else(|| panic!("{name} is not declared"))
+            .expiry_clock
+    };
+    let (sqlite, postgres, mysql) = (declared("sqlite"), declared("postgres"), declared("mysql"));
+    assert_eq!(
+        sqlite,
+        polylock::ExpiryClock::ClientHost,
+        "SQLite runs in the client"
+    );
+    let doc = sql_doc();
+    // The guarantees table's row, column by column: SQLite, PostgreSQL, MySQL.
+    let row = format!(
+        "| expiry clock | {} | {} | {} |",
+        sqlite.judged_by(),
+        postgres.judged_by(),
+        mysql.judged_by()
+    );
+    assert!(doc.contains(&row), "docs/sql.md lacks the row\n{row}");
+    for clock in [sqlite, postgres, mysql] {
+        assert!(
+            doc.contains(clock.broken_by()),
+            "docs/sql.md does not say what breaks {clock:?}: {}",
+            clock.broken_by()
+        );
+    }
+}

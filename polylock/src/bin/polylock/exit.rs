@@ -2,7 +2,8 @@
 
 /// The lock could not be taken within `--wait`; the command did not run.
 pub(crate) const LOCK_TIMEOUT: u8 = 75;
-/// The lock was lost while the command ran; the command was terminated.
+/// The lock was lost while the command ran (the command was terminated), or
+/// the final release found it lost.
 pub(crate) const LOCK_LOST: u8 = 76;
 /// The lock service could not be reached or failed.
 pub(crate) const BACKEND: u8 = 69;
@@ -18,7 +19,9 @@ pub(crate) const HELP: &str = "\
 Exit codes of `run`:
   the command's own exit code (128+N if it died of signal N)
   75  the lock was not taken within --wait; the command did not run
-  76  the lock was lost while the command ran; it was sent SIGTERM, then SIGKILL
+  76  the lock was lost while the command ran: it was sent SIGTERM, then SIGKILL;
+      or the release found it lost after the command ended (its work may have
+      overlapped another holder's)
   69  the lock service could not be reached
   64  bad arguments (name, duration, URL)
   127 the command could not be started

@@ -79,7 +79,7 @@ pub(crate) async fn run(
                     // its work may have overlapped another holder's.
                     Err(LockError::Lost { .. }) => Err(Failure::new(
                         exit::LOCK_LOST,
-                        format!("lock {name:?} was lost before the command finished"),
+                        format!("lock {name:?} was lost before the command finished: it was expired, removed or granted to another holder, so the work may have overlapped theirs"),
                     )),
                     // The release failed (server unreachable): the lock expires
                     // at its TTL; the command's result still stands.
