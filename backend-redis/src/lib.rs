@@ -82,3 +82,4 @@ mod wait;
 pub use backend::{guarantees, RedisBackend, FENCING_CAVEAT};
 pub use config::{Format, RedisConfig, DEFAULT_PREFIX, DEFAULT_TIMEOUT, DEFAULT_WAIT_TIMEOUT};
 pub use format::{redisson_field, LockKeys};
+pub use wait::ForeignWake;
