@@ -17,7 +17,7 @@ async fn foreign_plain_lock_blocks_ours_until_released() {
     let (_srv, ours, mut foreign) = server_and_clients("").await;
     let n = name("interop/released");
     let key = ours.keys(&n).unwrap().lock;
-    assert_eq!(key, "polylock:{interop/released}");
+    assert_eq!(key, "interop/released", "the lock key is the name itself");
 
     // Another client (redis-py, redsync, a shell script) takes it its way.
     let set = foreign_set_nx(&mut foreign, &key, "their-token", 30_000).await;
@@ -28,7 +28,12 @@ async fn foreign_plain_lock_blocks_ours_until_released() {
         .unwrap()
         .is_none());
     let info = ours.inspect(&n).await.unwrap().expect("held");
-    assert_eq!(info.owner, "their-token");
+    assert!(
+        info.owner.starts_with("a foreign client (not polylock), value \"their-token\""),
+        "{}",
+        info.owner
+    );
+    assert!(info.owner.contains("polling"), "{}", info.owner);
     assert_eq!(
         info.fence, None,
         "a foreign holder has no fencing token of ours"
@@ -112,8 +117,15 @@ async fn our_plain_lock_blocks_a_foreign_set_nx() {
     assert_eq!(value, r.owner.to_string());
     let pttl: i64 = foreign.pttl(&key).await.unwrap();
     assert!(pttl > 9_000 && pttl <= 10_000, "{pttl}");
-    let fence: u64 = foreign.get(format!("{key}:fence")).await.unwrap();
+    let fence: u64 = foreign
+        .hget(ours.keys(&n).unwrap().fence, "fence")
+        .await
+        .unwrap();
     assert_eq!(fence, lease.fence().get());
+    assert_eq!(
+        ours.inspect(&n).await.unwrap().expect("held").owner,
+        r.owner.to_string()
+    );
 
     ours.release(&lease).await.unwrap();
     let set = foreign_set_nx(&mut foreign, &key, "their-token", 30_000).await;
