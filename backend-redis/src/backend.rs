@@ -19,9 +19,9 @@ use crate::format::{all_scripts, Layout, LockKeys, FORCE_RELEASE, RELEASE_MESSAG
 use crate::wait::{wake_up, ForeignWake, Subscriber};
 
 /// What can make fencing tokens go backwards on Redis.
-pub const FENCING_CAVEAT: &str = "the counter lives in the Redis data set: a restart without \
-     persistence (or with a periodic fsync that lost the last writes), or a failover to a replica \
-     that had not received the INCR, resets it or moves it back";
+pub const FENCING_CAVEAT: &str = "the counter lives in the Redis data set: a failover to a replica \
+     that had not received the increment repeats tokens, and a counter that is lost (restart without \
+     persistence, eviction) restarts from the server's clock, which a clock stepped back defeats";
 
 /// Fallback polling while subscribed and every release is announced (our
 /// message, Redisson's message, or a keyspace event): messages do the

@@ -147,4 +147,27 @@ async fn wait_runs_on_the_connection_that_wrote() {
     assert!(e.is_retryable(), "{e}");
     assert!(e.to_string().contains("only 0 of 1 replicas"), "{e}");
     assert!(ours.inspect(&n).await.unwrap().is_none(), "left held");
+
+    // Renewals are confirmed the same way: granted with the replica up,
+    // then the replica stops and the renewal is refused, the lease keeping
+    // its deadline.
+    let lease = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match ours.try_acquire(&req(&n, Duration::from_secs(30))).await {
+                Ok(Some(lease)) => return lease,
+                Ok(None) => panic!("held by nobody"),
+                // The replica catching up after its pause.
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    })
+    .await
+    .expect("acknowledged once the replica runs");
+    replica.pause().unwrap();
+    let r = ours.renew(&lease).await;
+    replica.resume().unwrap();
+    let e = r.expect_err("a stopped replica acknowledged no renewal");
+    assert!(e.is_retryable(), "{e}");
+    assert!(e.to_string().contains("keeps its previous deadline"), "{e}");
+    ours.release(&lease).await.unwrap();
 }
