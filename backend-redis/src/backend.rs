@@ -281,7 +281,11 @@ impl RedisBackend {
     fn foreign_holder(&self, value: &str) -> String {
         const SHOWN: usize = 12;
         let shown: String = value.chars().take(SHOWN).collect();
-        let more = if value.chars().count() > SHOWN { "…" } else { "" };
+        let more = if value.chars().count() > SHOWN {
+            "…"
+        } else {
+            ""
+        };
         format!(
             "a foreign client (not polylock), value {shown:?}{more}; {}",
             self.inner.foreign_wake.describe()
@@ -524,7 +528,8 @@ impl LockBackend for RedisBackend {
                 }
             }
             Format::Redisson => {
-                let pairs: Vec<String> = redis::from_redis_value(holder).map_err(|e| err(e.into()))?;
+                let pairs: Vec<String> =
+                    redis::from_redis_value(holder).map_err(|e| err(e.into()))?;
                 // field, count, field, count, ...: a Redisson lock has one
                 // field; show them all if someone wrote more.
                 let fields: Vec<_> = pairs.chunks(2).map(|p| p[0].clone()).collect();

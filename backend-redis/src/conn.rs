@@ -303,7 +303,9 @@ impl Link {
             })
         };
         match once().await {
-            Err(Fail::Redis(e)) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            Err(Fail::Redis(e))
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
                 self.run(Duration::ZERO, |mut c| async move {
                     invocation.load_async(&mut c).await.map(|_| ())
                 })

@@ -310,7 +310,9 @@ mod tests {
     #[test]
     fn bookkeeping_keys_are_distinct_per_lock() {
         let l = layout(Format::Plain, false, "");
-        let names = ["a", "{a}", "{a}x", "a}:a", "{}a", "a}b{", "}", "{", "x}", "{a}:{a}"];
+        let names = [
+            "a", "{a}", "{a}x", "a}:a", "{}a", "a}b{", "}", "{", "x}", "{a}:{a}",
+        ];
         let mut seen = std::collections::HashSet::new();
         for n in names {
             let k = l.keys(&LockName::new(n).unwrap()).unwrap();

@@ -384,10 +384,7 @@ pub enum ForeignWake {
 impl ForeignWake {
     /// Decides the mode for a freshly connected client. `CONFIG GET` may be
     /// refused (managed services rename or forbid it): then polling.
-    pub(crate) async fn detect(
-        cfg: &crate::config::RedisConfig,
-        link: &crate::conn::Link,
-    ) -> Self {
+    pub(crate) async fn detect(cfg: &crate::config::RedisConfig, link: &crate::conn::Link) -> Self {
         if cfg.format() == crate::config::Format::Redisson {
             return ForeignWake::RedissonMessage;
         }

@@ -42,8 +42,21 @@ async fn cluster_specifics() {
     // `{`, ...).
     let mut admin = support::raw(&cluster.servers()[0].url()).await;
     let mut names: Vec<String> = [
-        "job", "a{b}c", "{", "}", "{}", "}{", "{}x", "a}b{", "{tag}job", "{user1}.lock", "x{}{y}",
-        "{{a}}", "a}}", "ключ{🔒}", long.as_str(),
+        "job",
+        "a{b}c",
+        "{",
+        "}",
+        "{}",
+        "}{",
+        "{}x",
+        "a}b{",
+        "{tag}job",
+        "{user1}.lock",
+        "x{}{y}",
+        "{{a}}",
+        "a}}",
+        "ключ{🔒}",
+        long.as_str(),
     ]
     .iter()
     .map(|s| s.to_string())

@@ -52,7 +52,7 @@ async fn a_retry_recognises_its_own_orphaned_grant() {
     let request = AcquireRequest::new(n.clone(), owner, ttl, Duration::from_secs(3)).unwrap();
     // The first attempt ran on the server; its reply never reached us.
     let orphan = ours.try_acquire(&request).await.unwrap().expect("free");
-    let _: () = raw.pexpire(&n.as_str(), 10_000).await.unwrap();
+    let _: () = raw.pexpire(n.as_str(), 10_000).await.unwrap();
     // The retry finds our own grant at once instead of waiting for it.
     let started = Instant::now();
     let lease = ours

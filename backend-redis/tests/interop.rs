@@ -42,7 +42,8 @@ async fn foreign_plain_lock_blocks_ours_until_released() {
         .is_none());
     let info = ours.inspect(&n).await.unwrap().expect("held");
     assert!(
-        info.owner.starts_with("a foreign client (not polylock), value \"their-token\""),
+        info.owner
+            .starts_with("a foreign client (not polylock), value \"their-token\""),
         "{}",
         info.owner
     );

@@ -50,7 +50,7 @@ enum Peer {
         label: &'static str,
         child: Child,
         stdin: ChildStdin,
-        stdout: Lines<BufReader<ChildStdout>>,
+        stdout: Box<Lines<BufReader<ChildStdout>>>,
     },
     /// `redis-cli` commands, one process per command.
     Cli {
@@ -110,7 +110,7 @@ impl Peer {
             .spawn()
             .unwrap_or_else(|e| panic!("starting the {} peer: {e}: {INSTALL}", kind.label()));
         let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+        let stdout = Box::new(BufReader::new(child.stdout.take().unwrap()).lines());
         let mut peer = Peer::Program {
             label: kind.label(),
             child,
@@ -149,7 +149,14 @@ impl Peer {
             let until = Instant::now() + Duration::from_millis(wait_ms);
             loop {
                 let out = self
-                    .cli(&["SET", name.as_str(), &token, "NX", "PX", &ttl_ms.to_string()])
+                    .cli(&[
+                        "SET",
+                        name.as_str(),
+                        &token,
+                        "NX",
+                        "PX",
+                        &ttl_ms.to_string(),
+                    ])
                     .await;
                 if out == "OK" {
                     return true;
@@ -324,7 +331,11 @@ async fn interop(
         !peer.release(&m).await,
         "{label}'s late release claims to have released"
     );
-    let info = ours.inspect(&m).await.unwrap().expect("polylock's lock kept");
+    let info = ours
+        .inspect(&m)
+        .await
+        .unwrap()
+        .expect("polylock's lock kept");
     assert_eq!(info.fence, Some(lease.fence()));
     let lease = ours.renew(&lease).await.expect("still polylock's");
     ours.release(&lease).await.unwrap();
@@ -373,10 +384,7 @@ async fn every_deployment(kind: Kind) {
     let h = interop(kind, &ours, "127.0.0.1", events.port(), false).await;
     report("single, keyspace", ours.foreign_wake(), &h);
     // Woken by the key's `del` event, not by a poll.
-    assert!(
-        h.to_polylock < Duration::from_millis(500),
-        "{label}: {h:?}"
-    );
+    assert!(h.to_polylock < Duration::from_millis(500), "{label}: {h:?}");
     drop(events);
 
     let plain = RedisServer::start().unwrap();
