@@ -52,6 +52,7 @@ for check in "${checks[@]}"; do
   fi
 done
 
+"$(dirname "$0")/install-peers.sh" # redis-py, node-redlock: before the early exit below
 if ((${#missing[@]} == 0)); then
   echo "install-deps: everything is installed"
   exit 0

@@ -10,6 +10,7 @@
 -- Returns {1, fence} when taken, {0, pttl} when someone else holds it.
 if redis.call('EXISTS', KEYS[1]) == 0 then
   -- Bump the counter first: if it fails nothing has been written yet.
+  redis.call('SET', KEYS[2], fence_seed(), 'NX')
   local fence = redis.call('INCR', KEYS[2])
   redis.call('HSET', KEYS[1], ARGV[2], 1)
   redis.call('PEXPIRE', KEYS[1], ARGV[1])
@@ -24,6 +25,7 @@ if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1 then
   redis.call('PEXPIRE', KEYS[1], ARGV[1])
   local fence = redis.call('GET', KEYS[2])
   if not fence then
+    redis.call('SET', KEYS[2], fence_seed(), 'NX')
     fence = redis.call('INCR', KEYS[2])
   end
   return {1, tonumber(fence)}

@@ -5,8 +5,12 @@
 -- KEYS[2] fencing counter  ARGV[2] fencing token    ARGV[4] Redisson's channel
 --
 -- Returns 1 released, 2 a hold remains (expiry reset to the TTL), 0 nothing
--- to release, -1 someone else holds it (left untouched).
+-- to release (gone, and nobody was granted it since), -1 lost: someone else
+-- holds it (left untouched) or was granted it after us (the counter moved).
 if redis.call('EXISTS', KEYS[1]) == 0 then
+  if redis.call('GET', KEYS[2]) ~= ARGV[2] then
+    return -1
+  end
   return 0
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 or redis.call('GET', KEYS[2]) ~= ARGV[2] then

@@ -16,19 +16,26 @@ use crate::config::{Format, RedisConfig};
 use crate::conn::{client_for, Link};
 use crate::errors::{connect_error, to_lock_error, Fail, RedisFailure, BACKEND};
 use crate::format::{all_scripts, Layout, LockKeys, FORCE_RELEASE, RELEASE_MESSAGE};
-use crate::wait::{wake_up, Subscriber};
+use crate::wait::{wake_up, ForeignWake, Subscriber};
 
 /// What can make fencing tokens go backwards on Redis.
-pub const FENCING_CAVEAT: &str = "the counter lives in the Redis data set: a restart without \
-     persistence (or with a periodic fsync that lost the last writes), or a failover to a replica \
-     that had not received the INCR, resets it or moves it back";
+pub const FENCING_CAVEAT: &str = "the counter lives in the Redis data set: a failover to a replica \
+     that had not received the increment repeats tokens, and a counter that is lost (restart without \
+     persistence, eviction) restarts from the server's clock, which a clock stepped back defeats";
 
-/// Fallback polling while subscribed: messages do the waking, this only
-/// bounds the delay when one is lost (or a foreign client releases without
-/// publishing).
+/// Fallback polling while subscribed and every release is announced (our
+/// message, Redisson's message, or a keyspace event): messages do the
+/// waking, this only bounds the delay when one is lost.
 const SUBSCRIBED_BACKOFF: Backoff = Backoff {
     initial: Duration::from_millis(50),
     max: Duration::from_millis(500),
+};
+
+/// Polling for a foreign holder's release when the server sends no
+/// keyspace events: it announces nothing, so this is the hand-off delay.
+const FOREIGN_POLL_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(10),
+    max: Duration::from_millis(100),
 };
 
 /// What a Redis lock backend promises, whatever server it talks to.
@@ -82,6 +89,7 @@ struct Inner {
     layout: Layout,
     link: Link,
     subscriber: Subscriber,
+    foreign_wake: ForeignWake,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -90,6 +98,7 @@ impl fmt::Debug for RedisBackend {
             .field("url", &self.inner.config.url())
             .field("format", &self.inner.config.format())
             .field("cluster", &self.inner.config.is_cluster())
+            .field("foreign_wake", &self.inner.foreign_wake)
             .finish_non_exhaustive()
     }
 }
@@ -137,14 +146,30 @@ impl RedisBackend {
             prefix: config.prefix.clone(),
             cluster: config.cluster,
         };
+        let foreign_wake = ForeignWake::detect(&config, &link).await;
+        tracing::info!(
+            url = %config.url(),
+            format = %config.format(),
+            foreign_wake = %foreign_wake,
+            "polylock redis: connected; {}",
+            foreign_wake.describe()
+        );
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 config,
                 layout,
                 link,
                 subscriber,
+                foreign_wake,
             }),
         })
+    }
+
+    /// How this client's waiters learn that a foreign holder (a client
+    /// other than polylock) released: decided at connect time from the
+    /// format and the server's `notify-keyspace-events`.
+    pub fn foreign_wake(&self) -> ForeignWake {
+        self.inner.foreign_wake
     }
 
     /// The configuration this client was made with.
@@ -168,6 +193,39 @@ impl RedisBackend {
         )
     }
 
+    /// Runs `inv`; with `wait_replicas`, in one pipeline with `WAIT` on the
+    /// same connection, returning how many replicas acknowledged.
+    async fn run_script<T: redis::FromRedisValue>(
+        &self,
+        what: &str,
+        name: &LockName,
+        key: &str,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> Result<(T, Option<u32>), LockError> {
+        let r = match self.inner.config.wait_replicas {
+            None => self.inner.link.invoke(inv).await.map(|r| (r, None)),
+            Some(replicas) => self
+                .inner
+                .link
+                .invoke_and_wait(inv, key, replicas, self.inner.config.wait_timeout)
+                .await
+                .map(|(r, acked)| (r, Some(acked))),
+        };
+        r.map_err(|f| self.err(what, name, f))
+    }
+
+    /// The error for a write fewer than `wait_replicas` acknowledged.
+    fn unreplicated(&self, what: &str, name: &LockName, acked: u32, undone: &str) -> LockError {
+        LockError::transient(
+            BACKEND,
+            RedisFailure(format!(
+                "{what} of lock {name:?}: only {acked} of {} replicas acknowledged it within {:?}; {undone}",
+                self.inner.config.wait_replicas.unwrap_or_default(),
+                self.inner.config.wait_timeout,
+            )),
+        )
+    }
+
     /// One acquire attempt, keeping what a waiter needs to know.
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt, LockError> {
         let keys = self.keys(&req.name)?;
@@ -182,12 +240,9 @@ impl RedisBackend {
         };
         // Measured before sending: the deadline can only come early.
         let sent_at = Instant::now();
-        let (taken, n): (i64, i64) = self
-            .inner
-            .link
-            .invoke(&inv)
-            .await
-            .map_err(|f| self.err("acquire", &req.name, f))?;
+        let ((taken, n), acked): ((i64, i64), _) = self
+            .run_script("acquire", &req.name, &keys.lock, &inv)
+            .await?;
         if taken != 1 {
             let expires_in = u64::try_from(n).ok().map(Duration::from_millis);
             return Ok(Attempt::Held { expires_in });
@@ -205,39 +260,36 @@ impl RedisBackend {
                 )
             })?;
         let lease = req.lease(fence, Duration::from_millis(ttl_ms), sent_at);
-        if let Some(replicas) = self.inner.config.wait_replicas {
-            self.await_replicas(&keys, &lease, replicas).await?;
+        if let (Some(acked), Some(replicas)) = (acked, self.inner.config.wait_replicas) {
+            if acked < replicas {
+                // Undone, since it could vanish in a failover.
+                if let Err(e) = self.release(&lease).await {
+                    tracing::debug!(error = %e, "polylock redis: undoing an unreplicated acquire failed; it expires at its TTL");
+                }
+                return Err(self.unreplicated(
+                    "acquire",
+                    &req.name,
+                    acked,
+                    "the lock was released again",
+                ));
+            }
         }
         Ok(Attempt::Acquired(lease))
     }
 
-    /// `WAIT` for the replicas; an acquire they did not all acknowledge is
-    /// undone, since it could vanish in a failover.
-    async fn await_replicas(
-        &self,
-        keys: &LockKeys,
-        lease: &Lease,
-        replicas: u32,
-    ) -> Result<(), LockError> {
-        let wait = self.inner.config.wait_timeout;
-        let acked = self
-            .inner
-            .link
-            .wait_replicas(&keys.lock, replicas, wait)
-            .await;
-        let problem = match acked {
-            Ok(n) if n >= replicas => return Ok(()),
-            Ok(n) => format!(
-                "acquire of lock {:?}: only {n} of {replicas} replicas acknowledged it within {wait:?}; \
-                 the lock was released again",
-                lease.name()
-            ),
-            Err(f) => to_lock_error(&self.inner.config, "WAIT for replicas", f).to_string(),
+    /// What `inspect` shows for a holder other than polylock.
+    fn foreign_holder(&self, value: &str) -> String {
+        const SHOWN: usize = 12;
+        let shown: String = value.chars().take(SHOWN).collect();
+        let more = if value.chars().count() > SHOWN {
+            "…"
+        } else {
+            ""
         };
-        if let Err(e) = self.release(lease).await {
-            tracing::debug!(error = %e, "polylock redis: undoing an unreplicated acquire failed; it expires at its TTL");
-        }
-        Err(LockError::transient(BACKEND, RedisFailure(problem)))
+        format!(
+            "a foreign client (not polylock), value {shown:?}{more}; {}",
+            self.inner.foreign_wake.describe()
+        )
     }
 }
 
@@ -290,8 +342,13 @@ impl LockBackend for Attempts {
 
 #[async_trait]
 impl LockBackend for RedisBackend {
-    /// One script run: `SET NX PX` + `INCR` (plain) or the Redisson hash
-    /// update + `INCR`, then `WAIT` if replicas were asked for.
+    /// One script run: `SET NX PX` + the counter bump (plain) or the
+    /// Redisson hash update + `INCR`, pipelined with `WAIT` on the same
+    /// connection if replicas were asked for. A lock that already holds
+    /// this request's owner token as the last polylock grant (left by an
+    /// earlier attempt whose reply was lost) is recognised as ours and
+    /// returned with its token, instead of waiting for ourselves (plain
+    /// format).
     ///
     /// # Cancel safety
     /// Not cancel safe: if dropped after the script was sent, the lock may
@@ -330,18 +387,29 @@ impl LockBackend for RedisBackend {
         }
         let keys = self.keys(&req.name)?;
         let limit = deadline.min(Instant::now() + self.inner.config.timeout);
-        let (sub, subscribed) = self.inner.subscriber.subscribe(&keys.channel, limit).await;
+        let mut subs = Vec::with_capacity(2);
+        let (sub, mut subscribed) = self.inner.subscriber.subscribe(&keys.channel, limit).await;
+        subs.push(sub);
+        if self.inner.foreign_wake == ForeignWake::KeyspaceEvents {
+            // A foreign client's release announces itself only this way.
+            let channel = format!("__keyspace@{}__:{}", self.inner.config.db(), keys.lock);
+            let (sub, ok) = self.inner.subscriber.subscribe(&channel, limit).await;
+            subs.push(sub);
+            subscribed &= ok;
+        }
         // The subscription is live from here on, so the loop's first attempt
         // (made now) cannot miss a release that came after the one above.
         let mut rest = req.clone();
         rest.wait = req.wait.saturating_sub(started.elapsed());
-        let backoff = if subscribed {
-            SUBSCRIBED_BACKOFF
-        } else {
+        let backoff = if !subscribed {
             tracing::debug!(name = %req.name, "polylock redis: no pub/sub; waiting by polling");
             Backoff::default()
+        } else if self.inner.foreign_wake == ForeignWake::Polling {
+            FOREIGN_POLL_BACKOFF
+        } else {
+            SUBSCRIBED_BACKOFF
         };
-        acquire_loop(&attempts, &rest, backoff, || wake_up(&sub, &expiry)).await
+        acquire_loop(&attempts, &rest, backoff, || wake_up(&subs, &expiry)).await
     }
 
     /// Compare-owner-and-`PEXPIRE`, by script.
@@ -360,13 +428,22 @@ impl LockBackend for RedisBackend {
             .arg(lease.fence().get())
             .arg(ttl_ms);
         let sent_at = Instant::now();
-        let r: i64 = self
-            .inner
-            .link
-            .invoke(&inv)
-            .await
-            .map_err(|f| self.err("renew", lease.name(), f))?;
+        let (r, acked): (i64, _) = self
+            .run_script("renew", lease.name(), &keys.lock, &inv)
+            .await?;
         if r == 1 {
+            if let (Some(acked), Some(replicas)) = (acked, self.inner.config.wait_replicas) {
+                if acked < replicas {
+                    // The extension may vanish in a failover: the lease
+                    // keeps its old deadline, and the watchdog retries.
+                    return Err(self.unreplicated(
+                        "renew",
+                        lease.name(),
+                        acked,
+                        "the lease keeps its previous deadline",
+                    ));
+                }
+            }
             Ok(lease.renewed(Duration::from_millis(ttl_ms), sent_at))
         } else {
             Err(LockError::Lost {
@@ -420,33 +497,53 @@ impl LockBackend for RedisBackend {
         let keys = self.keys(name)?;
         let mut inv = self.inner.layout.scripts().inspect.prepare_invoke();
         inv.key(&keys.lock).key(&keys.fence);
-        let (holder, pttl, fence): (redis::Value, i64, Option<u64>) = self
+        let err = |e: redis::RedisError| self.err("inspect", name, Fail::Redis(e));
+        let reply: Vec<redis::Value> = self
             .inner
             .link
             .invoke(&inv)
             .await
             .map_err(|f| self.err("inspect", name, f))?;
-        let holder = match self.inner.layout.format {
-            Format::Plain => match holder {
-                redis::Value::BulkString(b) => Some(String::from_utf8_lossy(&b).into_owned()),
-                _ => None,
-            },
+        let mut reply = reply.into_iter();
+        let mut next = || reply.next().unwrap_or(redis::Value::Nil);
+        let holder = next();
+        let pttl: i64 = redis::from_redis_value(next()).map_err(|e| err(e.into()))?;
+        let fence: Option<u64> = redis::from_redis_value(next()).map_err(|e| err(e.into()))?;
+        // Plain format only: the token of the last polylock grant.
+        let last_grant: Option<String> =
+            redis::from_redis_value(next()).map_err(|e| err(e.into()))?;
+        let expires_in = u64::try_from(pttl).ok().map(Duration::from_millis);
+        let info = match self.inner.layout.format {
+            Format::Plain => {
+                let redis::Value::BulkString(value) = holder else {
+                    return Ok(None);
+                };
+                let value = String::from_utf8_lossy(&value).into_owned();
+                // Ours exactly when the value is the token of the last
+                // polylock grant: foreign clients never write that field.
+                if last_grant.as_deref() == Some(value.as_str()) {
+                    HolderInfo::new(value, fence.and_then(FencingToken::new), expires_in)
+                } else {
+                    HolderInfo::new(self.foreign_holder(&value), None, expires_in)
+                }
+            }
             Format::Redisson => {
-                let pairs: Vec<String> = redis::from_redis_value(holder)
-                    .map_err(|e| self.err("inspect", name, Fail::Redis(e.into())))?;
+                let pairs: Vec<String> =
+                    redis::from_redis_value(holder).map_err(|e| err(e.into()))?;
                 // field, count, field, count, ...: a Redisson lock has one
                 // field; show them all if someone wrote more.
                 let fields: Vec<_> = pairs.chunks(2).map(|p| p[0].clone()).collect();
-                (!fields.is_empty()).then(|| fields.join(","))
+                if fields.is_empty() {
+                    return Ok(None);
+                }
+                let owner = fields.join(",");
+                let fence = fence
+                    .filter(|_| self.inner.layout.looks_like_ours(&owner))
+                    .and_then(FencingToken::new);
+                HolderInfo::new(owner, fence, expires_in)
             }
         };
-        Ok(holder.map(|owner| {
-            let fence = fence
-                .filter(|_| self.inner.layout.looks_like_ours(&owner))
-                .and_then(FencingToken::new);
-            let expires_in = u64::try_from(pttl).ok().map(Duration::from_millis);
-            HolderInfo::new(owner, fence, expires_in)
-        }))
+        Ok(Some(info))
     }
 
     /// Deletes the lock key whoever holds it and publishes the release

@@ -8,9 +8,9 @@
 //!
 //! Options (query parameters):
 //! - `format=plain|redisson`: the wire format (see [`Format`]); default `plain`.
-//! - `prefix=TEXT`: prepended to every key and channel of the `plain` format;
-//!   default `polylock:`. No braces (they would change Redis Cluster hash
-//!   tags). Not allowed with `format=redisson`, whose keys are the lock name.
+//! - `prefix=TEXT`: prepended to the lock key of the `plain` format; none by
+//!   default, so the key is the lock name itself, as other clients use it.
+//!   Not allowed with `format=redisson`, whose keys are the lock name.
 //! - `wait_replicas=N&wait_timeout=DURATION`: after each acquire, `WAIT N MS`; an
 //!   acquire that fewer than N replicas acknowledged in time is undone and
 //!   reported as a retryable error. Off by default.
@@ -37,11 +37,14 @@ pub enum Format {
     /// `Lock`, redsync and node-redlock, so a `SET key value NX PX` lock taken
     /// by any of them excludes ours and ours excludes theirs.
     ///
-    /// Keys (with the default prefix): `polylock:{NAME}` (the lock),
-    /// `polylock:{NAME}:fence` (the fencing counter), channel
-    /// `polylock:{NAME}:released`. `%`, `{` and `}` in NAME are written
-    /// `%25`, `%7B`, `%7D`, so the braces always delimit the Redis Cluster
-    /// hash tag and the three share a slot.
+    /// The lock key is `NAME` itself (`PREFIX NAME` with `prefix=`), the key
+    /// those clients use for a lock of that name. What polylock keeps beside
+    /// it lives in the `__polylock__:` namespace, in the lock key's Redis
+    /// Cluster slot (whatever braces the name has): the hash
+    /// `__polylock__:{TAG}[:KEY]` (fields `fence`, the fencing counter, and
+    /// `owner`, the token of the last polylock grant) and the release
+    /// channel `__polylock__:released:{TAG}[:KEY]`; see
+    /// [`RedisBackend::keys`](crate::RedisBackend::keys).
     #[default]
     Plain,
     /// Redisson's `RLock` layout: a hash at key NAME whose field
@@ -68,8 +71,9 @@ impl fmt::Display for Format {
     }
 }
 
-/// The default key prefix of the `plain` format.
-pub const DEFAULT_PREFIX: &str = "polylock:";
+/// The default key prefix of the `plain` format: none, so that the lock
+/// key is the lock name, as redis-py, redsync and node-redlock have it.
+pub const DEFAULT_PREFIX: &str = "";
 
 /// The default for `timeout=`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -254,11 +258,6 @@ impl RedisConfig {
                     }
                 }
                 "prefix" => {
-                    if value.contains(['{', '}']) {
-                        return Err(bad(
-                            "the prefix must not contain `{` or `}`: they would change which part of a key Redis Cluster hashes".into(),
-                        ));
-                    }
                     cfg.prefix = value.into_owned();
                     prefix_given = true;
                 }
@@ -461,7 +460,6 @@ mod tests {
         assert!(err("redis://h:0").contains("port"));
         assert!(err("redis://h?format=json").contains("plain or redisson"));
         assert!(err("redis://h?formt=plain").contains("unknown option `formt`"));
-        assert!(err("redis://h?prefix={a}").contains("must not contain"));
         assert!(err("redis://h?format=redisson&prefix=a").contains("redisson"));
         assert!(err("redis://h?wait_timeout=5").contains("wait_replicas"));
         assert!(err("redis://h?timeout=0").contains("above zero"));

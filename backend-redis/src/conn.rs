@@ -265,34 +265,55 @@ impl Link {
             .await
     }
 
-    /// `WAIT replicas timeout` on the connection (and, on a cluster, the
-    /// node) that just wrote `key`. Returns how many replicas acknowledged.
-    pub(crate) async fn wait_replicas(
+    /// Runs a script and then `WAIT replicas wait` in one pipeline, so that
+    /// `WAIT` runs on the very connection (and, on a cluster, the node of
+    /// `key`) that ran the script: `WAIT` only counts the replicas that
+    /// acknowledged its own connection's writes, and on any other
+    /// connection it would confirm nothing. Returns the script's reply and
+    /// how many replicas acknowledged.
+    ///
+    /// A pipelined `EVALSHA` is not reloaded by the driver on `NOSCRIPT`
+    /// (after a server restart or `SCRIPT FLUSH`); this loads the script and
+    /// runs the pipeline once more.
+    pub(crate) async fn invoke_and_wait<T: redis::FromRedisValue>(
         &self,
+        invocation: &ScriptInvocation<'_>,
         key: &str,
         replicas: u32,
         wait: Duration,
-    ) -> Result<u32, Fail> {
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(replicas).arg(wait.as_millis() as u64);
-        self.run(wait, |c| async move {
-            match c {
-                Conn::Single(mut m) => cmd.query_async(&mut m).await,
-                Conn::Cluster(mut cl) => {
-                    use redis::cluster_routing::{
-                        Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
-                    };
-                    // WAIT has no key: route it to the master of the lock's
-                    // slot, the node that took the write.
-                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                        Route::with_key(key.as_bytes(), SlotAddr::Master),
-                    ));
-                    let v = cl.route_command(cmd, route).await?;
-                    Ok(redis::from_redis_value(v)?)
+    ) -> Result<(T, u32), Fail> {
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(invocation);
+        pipe.cmd("WAIT").arg(replicas).arg(wait.as_millis() as u64);
+        let once = || {
+            let pipe = pipe.clone();
+            self.run(wait, move |c| async move {
+                match c {
+                    Conn::Single(mut m) => pipe.query_async(&mut m).await,
+                    Conn::Cluster(mut cl) => {
+                        use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+                        let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+                            key.as_bytes(),
+                            SlotAddr::Master,
+                        ));
+                        let v = cl.route_pipeline(pipe, 0, 2, route).await?;
+                        redis::from_redis_value(Value::Array(v)).map_err(Into::into)
+                    }
                 }
+            })
+        };
+        match once().await {
+            Err(Fail::Redis(e))
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                self.run(Duration::ZERO, |mut c| async move {
+                    invocation.load_async(&mut c).await.map(|_| ())
+                })
+                .await?;
+                once().await
             }
-        })
-        .await
+            r => r,
+        }
     }
 
     /// Loads every script once, so that the first EVALSHA of each finds it

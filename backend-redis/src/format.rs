@@ -1,10 +1,11 @@
 //! The two wire formats: where a lock lives (keys, channel), who it belongs
 //! to (the stored holder identity), and the scripts that act on it.
 
-use std::fmt::Write as _;
-use std::sync::LazyLock;
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
 
 use lock_core::{LockError, LockName, OwnerToken};
+use redis::cluster_routing::Slot;
 use redis::Script;
 
 use crate::config::Format;
@@ -15,7 +16,10 @@ use crate::config::Format;
 pub struct LockKeys {
     /// The lock itself: a string (`plain`) or a hash (`redisson`).
     pub lock: String,
-    /// The fencing counter, bumped by every acquisition and never reset.
+    /// Where the fencing counter lives, bumped by every acquisition and
+    /// never reset: in the `plain` format a hash whose field `fence` is the
+    /// counter and `owner` the token of the last polylock grant; in the
+    /// `redisson` format Redisson's string counter.
     pub fence: String,
     /// The channel a release is published on.
     pub channel: String,
@@ -32,14 +36,20 @@ pub(crate) struct Scripts {
 }
 
 static PLAIN: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    acquire: Script::new(include_str!("../scripts/plain_acquire.lua")),
+    acquire: Script::new(concat!(
+        include_str!("../scripts/fence_seed.lua"),
+        include_str!("../scripts/plain_acquire.lua")
+    )),
     release: Script::new(include_str!("../scripts/plain_release.lua")),
     renew: Script::new(include_str!("../scripts/plain_renew.lua")),
     inspect: Script::new(include_str!("../scripts/plain_inspect.lua")),
 });
 
 static REDISSON: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    acquire: Script::new(include_str!("../scripts/redisson_acquire.lua")),
+    acquire: Script::new(concat!(
+        include_str!("../scripts/fence_seed.lua"),
+        include_str!("../scripts/redisson_acquire.lua")
+    )),
     release: Script::new(include_str!("../scripts/redisson_release.lua")),
     renew: Script::new(include_str!("../scripts/redisson_renew.lua")),
     inspect: Script::new(include_str!("../scripts/redisson_inspect.lua")),
@@ -61,6 +71,12 @@ pub(crate) fn all_scripts() -> Vec<&'static Script> {
 /// number 0); the plain format publishes the same.
 pub(crate) const RELEASE_MESSAGE: &str = "0";
 
+/// The namespace of every key and channel polylock keeps beside a
+/// `plain`-format lock. No other client writes keys that begin with it, and
+/// lock keys that would begin with it are refused, so our bookkeeping can
+/// never collide with a lock or a foreign client's data.
+pub(crate) const AUX: &str = "__polylock__:";
+
 /// Maps names to keys for one format and prefix.
 #[derive(Clone, Debug)]
 pub(crate) struct Layout {
@@ -79,10 +95,16 @@ impl Layout {
 
     /// The keys and channel of `name`.
     ///
-    /// `plain`: `PREFIX{NAME}`, `PREFIX{NAME}:fence`, `PREFIX{NAME}:released`
-    /// with NAME escaped so that it contains no braces: the braces we add
-    /// are then the first pair in the key, Redis Cluster hashes only what is
-    /// between them, and the three always share a slot whatever the name.
+    /// `plain`: the lock is `PREFIX NAME` (no prefix by default), exactly
+    /// the key redis-py's `Lock(NAME)`, redsync, node-redlock and `SET NAME
+    /// token NX PX` scripts use. Beside it, in the [`AUX`] namespace, a hash
+    /// `__polylock__:{TAG}[:KEY]` (fields `fence`: the fencing counter,
+    /// `owner`: the token of the last polylock grant) and the release
+    /// channel `__polylock__:released:{TAG}[:KEY]`. `TAG` is chosen so that
+    /// the braces we add are the key's hash tag and hash to the lock key's
+    /// own Redis Cluster slot (see [`cluster_tag`]); the lock key follows
+    /// whenever `TAG` is not the key itself, so two locks never share
+    /// bookkeeping.
     ///
     /// `redisson`: `NAME`, `redisson_lock_token:{NAME}`,
     /// `redisson_lock__channel:{NAME}`, exactly as Redisson names them. A
@@ -92,10 +114,24 @@ impl Layout {
     pub(crate) fn keys(&self, name: &LockName) -> Result<LockKeys, LockError> {
         match self.format {
             Format::Plain => {
-                let lock = format!("{}{{{}}}", self.prefix, escape(name.as_str()));
+                let lock = format!("{}{}", self.prefix, name.as_str());
+                if lock.starts_with(AUX) {
+                    return Err(LockError::InvalidName {
+                        reason: format!(
+                            "{lock:?} begins with {AUX:?}, the namespace polylock keeps its \
+                             fencing counters and channels in"
+                        ),
+                    });
+                }
+                let tag = cluster_tag(&lock);
+                let suffix = if tag == lock {
+                    String::new()
+                } else {
+                    format!(":{lock}")
+                };
                 Ok(LockKeys {
-                    fence: format!("{lock}:fence"),
-                    channel: format!("{lock}:released"),
+                    fence: format!("{AUX}{{{tag}}}{suffix}"),
+                    channel: format!("{AUX}released:{{{tag}}}{suffix}"),
                     lock,
                 })
             }
@@ -112,7 +148,7 @@ impl Layout {
                             "{n:?} cannot be used with format=redisson on Redis Cluster: \
                              with braces in it, Redisson's key layout puts the lock and its \
                              fencing counter in different hash slots (use format=plain, \
-                             which escapes braces)"
+                             whose bookkeeping keys follow the lock's slot)"
                         ),
                     });
                 }
@@ -130,16 +166,62 @@ impl Layout {
         }
     }
 
-    /// Whether a stored holder looks like one polylock writes (so that the
-    /// fencing counter is its token).
+    /// Whether a stored Redisson holder looks like one polylock writes (so
+    /// that the fencing counter is its token). The `plain` format knows its
+    /// own holders exactly (the `owner` field beside the counter).
     pub(crate) fn looks_like_ours(&self, holder: &str) -> bool {
-        match self.format {
-            Format::Plain => holder.parse::<OwnerToken>().is_ok(),
-            Format::Redisson => holder.split_once(':').is_some_and(|(uuid, thread)| {
-                uuid.len() == 36 && thread.bytes().all(|b| b.is_ascii_digit()) && !thread.is_empty()
-            }),
-        }
+        holder.split_once(':').is_some_and(|(uuid, thread)| {
+            uuid.len() == 36 && thread.bytes().all(|b| b.is_ascii_digit()) && !thread.is_empty()
+        })
     }
+}
+
+/// The hash tag Redis Cluster would use for `key`, by its rules: the bytes
+/// between the first `{` and the first `}` after it, if there are any.
+fn own_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let close = key[open + 1..].find('}')?;
+    let tag = &key[open + 1..open + 1 + close];
+    (!tag.is_empty()).then_some(tag)
+}
+
+/// A text that, written as `{TAG}` at the start of a key's braces, puts
+/// that key in `key`'s cluster slot:
+/// - `key`'s own hash tag, if it has one (its slot is that tag's);
+/// - else `key` itself when it has no `}` (its slot is the whole key's,
+///   and `{key}` closes at our brace);
+/// - else (`a}b{`, `{}x`: a `}` would end our tag early) a short tag
+///   found to hash to the same slot ([`tag_of_slot`]).
+///
+/// The result never contains `}`, so the braces around it are the first
+/// pair in the key we build.
+pub(crate) fn cluster_tag(key: &str) -> std::borrow::Cow<'_, str> {
+    if let Some(tag) = own_tag(key) {
+        return tag.into();
+    }
+    if !key.contains('}') {
+        return key.into();
+    }
+    tag_of_slot(slot(key)).into()
+}
+
+/// A short tag (decimal digits) in `slot`, searched once per slot and
+/// remembered: about 16 000 hashes of a few bytes the first time.
+fn tag_of_slot(slot: Slot) -> String {
+    static FOUND: LazyLock<Mutex<HashMap<Slot, String>>> =
+        LazyLock::new(|| Mutex::new(HashMap::new()));
+    let mut found = FOUND.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(tag) = found.get(&slot) {
+        return tag.clone();
+    }
+    // Every slot is reached well before a few million candidates
+    // (coupon collector over 16 384 slots); the bound only guards the loop.
+    let tag = (0u64..u64::MAX)
+        .map(|i| i.to_string())
+        .find(|t| Slot::for_key(t.as_bytes()) == slot)
+        .expect("CRC16 reaches every slot");
+    found.insert(slot, tag.clone());
+    tag
 }
 
 /// The Redisson hash field polylock stores for `owner`: the 128-bit token
@@ -169,41 +251,27 @@ pub fn redisson_field(owner: OwnerToken) -> String {
     )
 }
 
-/// `%` → `%25`, `{` → `%7B`, `}` → `%7D`; everything else as is. Injective,
-/// and the result has no braces.
-fn escape(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for c in name.chars() {
-        match c {
-            '%' | '{' | '}' => {
-                let _ = write!(out, "%{:02X}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 /// The Redis Cluster hash slot of `key`.
-pub(crate) fn slot(key: &str) -> redis::cluster_routing::Slot {
-    redis::cluster_routing::Slot::for_key(key.as_bytes())
+pub(crate) fn slot(key: &str) -> Slot {
+    Slot::for_key(key.as_bytes())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn layout(format: Format, cluster: bool) -> Layout {
+    fn layout(format: Format, cluster: bool, prefix: &str) -> Layout {
         Layout {
             format,
-            prefix: "polylock:".into(),
+            prefix: prefix.into(),
             cluster,
         }
     }
 
     #[test]
-    fn plain_keys_share_a_slot_whatever_the_name() {
-        let l = layout(Format::Plain, true);
+    fn plain_lock_key_is_the_name_and_bookkeeping_shares_its_slot() {
+        let l = layout(Format::Plain, true, "");
+        let long = format!("{{x}}{}", "}{".repeat(50));
         for n in [
             "job",
             "a{b}c",
@@ -211,39 +279,77 @@ mod tests {
             "{",
             "}",
             "{}",
+            "{}x",
+            "a}b{",
             "x%7By",
             "ключ🔒",
             "a:b",
+            "{user1}.lock",
+            long.as_str(),
         ] {
             let k = l.keys(&LockName::new(n).unwrap()).unwrap();
+            assert_eq!(k.lock, n, "the lock key is the name itself");
             assert_eq!(slot(&k.lock), slot(&k.fence), "{n}");
             assert_eq!(slot(&k.lock), slot(&k.channel), "{n}");
+            assert!(k.fence.starts_with(AUX) && k.channel.starts_with(AUX));
         }
         let k = l.keys(&LockName::new("reports/nightly").unwrap()).unwrap();
-        assert_eq!(k.lock, "polylock:{reports/nightly}");
-        assert_eq!(k.fence, "polylock:{reports/nightly}:fence");
-        assert_eq!(k.channel, "polylock:{reports/nightly}:released");
+        assert_eq!(k.lock, "reports/nightly");
+        assert_eq!(k.fence, "__polylock__:{reports/nightly}");
+        assert_eq!(k.channel, "__polylock__:released:{reports/nightly}");
+        // A name's own tag is kept, and the full key follows it.
+        let k = l.keys(&LockName::new("{user1}.lock").unwrap()).unwrap();
+        assert_eq!(k.fence, "__polylock__:{user1}:{user1}.lock");
+        // A prefix only when asked for.
+        let p = layout(Format::Plain, false, "app:");
+        let k = p.keys(&LockName::new("job").unwrap()).unwrap();
+        assert_eq!(k.lock, "app:job");
+        assert_eq!(k.fence, "__polylock__:{app:job}");
     }
 
     #[test]
-    fn escaping_is_injective() {
-        let l = layout(Format::Plain, false);
-        let key = |n: &str| l.keys(&LockName::new(n).unwrap()).unwrap().lock;
-        assert_ne!(key("a{b"), key("a%7Bb"));
-        assert_ne!(key("a%2Fb"), key("a/b"));
-        assert_eq!(key("a{b}"), "polylock:{a%7Bb%7D}");
+    fn bookkeeping_keys_are_distinct_per_lock() {
+        let l = layout(Format::Plain, false, "");
+        let names = [
+            "a", "{a}", "{a}x", "a}:a", "{}a", "a}b{", "}", "{", "x}", "{a}:{a}",
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for n in names {
+            let k = l.keys(&LockName::new(n).unwrap()).unwrap();
+            assert!(seen.insert(k.fence.clone()), "{n}: {}", k.fence);
+            assert!(seen.insert(k.channel.clone()), "{n}: {}", k.channel);
+        }
+    }
+
+    #[test]
+    fn the_aux_namespace_is_refused_as_a_lock_key() {
+        let l = layout(Format::Plain, false, "");
+        let e = l.keys(&LockName::new("__polylock__:{job}").unwrap());
+        assert!(matches!(e, Err(LockError::InvalidName { .. })), "{e:?}");
+        let p = layout(Format::Plain, false, "__polylock__:");
+        assert!(p.keys(&LockName::new("job").unwrap()).is_err());
+    }
+
+    #[test]
+    fn fallback_tags_hash_to_the_slot_and_are_remembered() {
+        for key in ["a}b{", "{}x", "}", "}}{{", "{}"] {
+            let tag = cluster_tag(key);
+            assert!(!tag.contains('}'));
+            assert_eq!(slot(&format!("{{{tag}}}")), slot(key), "{key}");
+            assert_eq!(cluster_tag(key), tag);
+        }
     }
 
     #[test]
     fn redisson_keys_are_redissons() {
-        let l = layout(Format::Redisson, false);
+        let l = layout(Format::Redisson, false, "");
         let k = l.keys(&LockName::new("orders").unwrap()).unwrap();
         assert_eq!(k.lock, "orders");
         assert_eq!(k.fence, "redisson_lock_token:{orders}");
         assert_eq!(k.channel, "redisson_lock__channel:{orders}");
         // Braces are fine on a single server, refused on a cluster.
         assert!(l.keys(&LockName::new("a{b}c").unwrap()).is_ok());
-        let c = layout(Format::Redisson, true);
+        let c = layout(Format::Redisson, true, "");
         assert!(c.keys(&LockName::new("orders").unwrap()).is_ok());
         assert!(matches!(
             c.keys(&LockName::new("a{b}c").unwrap()),
@@ -252,12 +358,9 @@ mod tests {
     }
 
     #[test]
-    fn holders() {
+    fn redisson_holders() {
         let t = OwnerToken::random();
-        let plain = layout(Format::Plain, false);
-        assert!(plain.looks_like_ours(&plain.holder(t)));
-        assert!(!plain.looks_like_ours("some-other-client"));
-        let r = layout(Format::Redisson, false);
+        let r = layout(Format::Redisson, false, "");
         assert!(r.looks_like_ours(&r.holder(t)));
         assert!(!r.looks_like_ours("nope"));
     }

@@ -14,54 +14,99 @@
 //! ```
 //!
 //! # How a lock works
+//! - **Keys** (`plain` format): the lock is a string at key `NAME` itself
+//!   (`PREFIX NAME` only with `?prefix=`) whose value is the owner token,
+//!   the key and kind of value redis-py's `Lock(NAME)`, redsync,
+//!   node-redlock (`acquire([NAME])`) and `SET NAME token NX PX` scripts
+//!   use. Beside it, in the `__polylock__:` namespace that no lock key may
+//!   enter: a hash `__polylock__:{TAG}[:KEY]` with fields `fence` (the
+//!   fencing counter) and `owner` (the token of the last polylock grant),
+//!   and the release channel `__polylock__:released:{TAG}[:KEY]`. `TAG`
+//!   hashes to the lock key's Redis Cluster slot: the name's own `{tag}`,
+//!   else the key itself, else (a key like `a}b{` that cannot sit between
+//!   braces) a short tag found once per slot by CRC16 and cached.
+//!   [`RedisBackend::keys`] says where a lock lives.
 //! - **Acquire** is one Lua script: `SET key token NX PX ttl` and, when that
-//!   succeeded, `INCR` of the lock's fencing counter, whose new value is the
-//!   lease's fencing token. (Redisson format: create the hash with our field
-//!   at count 1, `PEXPIRE`, `INCR`.) One round trip, atomic.
+//!   succeeded, `HINCRBY` of the lock's fencing counter, whose new value is
+//!   the lease's fencing token. (Redisson format: create the hash with our
+//!   field at count 1, `PEXPIRE`, `INCR`.) One round trip, atomic. When the
+//!   key already holds this request's token as the last polylock grant (an
+//!   earlier attempt ran on the server but its reply was lost), the attempt
+//!   takes that grant over instead of waiting for itself (`plain` format).
 //! - **Renew** is compare-owner-and-`PEXPIRE`, **release** is
 //!   compare-owner-and-`DEL` plus a `PUBLISH` on the lock's channel; both
 //!   scripts. Never a bare `DEL`, never an expiry set on a key that is not
-//!   ours, so a late renew cannot resurrect a lock. Both also check that the
+//!   ours, so a late renew cannot resurrect a lock, and a foreign holder's
+//!   key is never deleted, renewed or overwritten. Both also check that the
 //!   fencing counter still equals the lease's token, so an older lease of the
-//!   same owner cannot touch a newer holding.
+//!   same owner cannot touch a newer holding, and a release after someone
+//!   else was granted the lock (the counter moved on) is
+//!   [`LockError::Lost`](lock_core::LockError), even when the lock is free
+//!   again by then: the holding was not exclusive.
 //! - Scripts are in `scripts/*.lua`, sent by SHA-1 (`EVALSHA`), loaded at
 //!   connect time and again by the driver on `NOSCRIPT`.
 //! - **Waiting**: after one failed attempt the waiter subscribes to the
 //!   lock's channel (one pub/sub connection per client, shared by its
 //!   waiters; see the `wait` module) and retries on each release message,
-//!   when the holder's TTL runs out, and on a jittered fallback poll
-//!   (50–500 ms) for a message that was lost. A cancelled waiter gives up its
-//!   subscription.
-//! - **Cluster**: the lock key, its counter and its channel share a hash
-//!   tag, so each script touches one slot.
+//!   when the holder's TTL runs out, and on a jittered fallback poll.
+//!   A cancelled waiter gives up its subscription.
+//! - **Foreign holders** publish nothing. At connect the client reads the
+//!   server's `notify-keyspace-events` and logs which wake-up is in effect
+//!   ([`RedisBackend::foreign_wake`], [`ForeignWake`]): with keyspace
+//!   events (`K` with `g` or `A`) waiters also subscribe to the lock key's
+//!   `__keyspace@DB__:KEY` channel and wake on its `del`/`expired` event;
+//!   without them (or on a cluster, where those events stay on the key's
+//!   node) waiters poll every 10–100 ms (jittered). `inspect` (and so
+//!   `polylock status`) shows a foreign holder as such: the start of its
+//!   value, its PTTL, and the wake-up mode. The `redisson` format wakes on
+//!   Redisson's own unlock message.
+//! - **Cluster**: the lock key, its counter and its channel share a slot,
+//!   so each script touches one slot.
 //!
 //! # Fencing tokens, and what can make them go backwards
-//! The counter is never reset by release (nor by `force_release`). It is as
-//! durable as the Redis data set and no more: a restart of a server that
-//! does not persist every write (RDB only, or AOF with the default
-//! `appendfsync everysec`) forgets the last increments or all of them, and a
-//! failover promotes a replica that may not have received the latest
-//! `INCR`. After either, tokens can repeat or go backwards; a fenced
-//! resource then rejects the new holder's writes until the counter passes
-//! the highest token it saw. Hence [`FencingGuarantee::UnlessDataLoss`](lock_core::FencingGuarantee).
+//! The counter is never reset by release (nor by `force_release`). A
+//! counter that does not exist starts at the server's clock in
+//! microseconds (`TIME`), so a counter that was evicted (an `allkeys-*`
+//! `maxmemory-policy`) or deleted starts again above every token it handed
+//! out: it would have had to be bumped more than once per microsecond to
+//! overtake the clock. Tokens are therefore large numbers (about 1.7·10¹⁵),
+//! below 2⁵³. What still moves them back: the server's clock stepped back
+//! past the counter's creation time, a restart of a server that does not
+//! persist every write (RDB only, or AOF with the default `appendfsync
+//! everysec`) together with a rewound clock, and a failover to a replica
+//! that had not received the latest increment (tokens can then repeat); a
+//! fenced resource then rejects the new holder's writes until the counter
+//! passes the highest token it saw. Hence
+//! [`FencingGuarantee::UnlessDataLoss`](lock_core::FencingGuarantee).
+//!
+//! **Eviction policy**: run lock servers with `maxmemory-policy
+//! noeviction`. `allkeys-*` policies can evict a live lock key (another
+//! client then acquires while the holder still works) as well as counters;
+//! `volatile-*` policies evict exactly the keys with an expiry, which are
+//! the live locks. Evicted counters are survived as above; evicted locks
+//! are not.
 //!
 //! # Replica acknowledgement (`wait_replicas=N&wait_timeout=MS`)
-//! Off by default. When on, each acquire is followed by `WAIT N MS` on the
-//! connection that wrote it; if fewer than N replicas acknowledged in time,
-//! the lock is released again and the acquire fails with a retryable error.
-//! The trade-off: every acquire costs a replication round trip, a missing
-//! replica makes acquires fail after `wait_timeout`, and because `WAIT`
-//! blocks the (shared, multiplexed) connection it runs on, other commands
-//! of this client wait behind it meanwhile. It narrows, but does not close,
-//! the failover window: `WAIT` does not make Redis replication synchronous.
+//! Off by default. When on, each acquire and each renewal is sent in one
+//! pipeline with `WAIT N MS`, so the `WAIT` runs on the connection that
+//! wrote (`WAIT` only counts acknowledgements of its own connection's
+//! writes) and, on a cluster, on the node of the lock's slot. An acquire
+//! that fewer than N replicas acknowledged in time is released again and
+//! fails with a retryable error; such a renewal fails with a retryable
+//! error and the lease keeps its previous deadline (the watchdog retries).
+//! Releases are not waited for. The trade-off: every acquire and renewal
+//! costs a replication round trip, a missing replica makes them fail after
+//! `wait_timeout`, and because `WAIT` blocks the (shared, multiplexed)
+//! connection it runs on, other commands of this client wait behind it
+//! meanwhile. It narrows, but does not close, the failover window: `WAIT`
+//! does not make Redis replication synchronous.
 //!
 //! # Wire formats
 //! See [`Format`]. `plain` interoperates with redis-py's `Lock`, redsync,
-//! node-redlock and `SET key token NX PX` scripts on the same key
-//! ([`RedisBackend::keys`] says which); `redisson` with Redisson's `RLock`
-//! (and its fenced lock's token key). Foreign holders do not publish on our
-//! channel in the plain format, so waiting on them falls back to polling and
-//! to their TTL.
+//! node-redlock and `SET key token NX PX` scripts on the lock's own name
+//! (tested with the real redis-py, node-redlock 5 and `redis-cli`, on a
+//! server and on a cluster: `tests/peers.rs`); `redisson` with Redisson's
+//! `RLock` (and its fenced lock's token key).
 //!
 //! # Errors
 //! Driver errors become [`LockError::Backend`](lock_core::LockError) with a
@@ -82,3 +127,4 @@ mod wait;
 pub use backend::{guarantees, RedisBackend, FENCING_CAVEAT};
 pub use config::{Format, RedisConfig, DEFAULT_PREFIX, DEFAULT_TIMEOUT, DEFAULT_WAIT_TIMEOUT};
 pub use format::{redisson_field, LockKeys};
+pub use wait::ForeignWake;

@@ -358,18 +358,98 @@ async fn open(shared: &Shared, next_server: &mut usize) -> Option<Live> {
     None
 }
 
-/// A wake-up future for `acquire_loop`: the next message on the waiter's
-/// channel, or the moment the current holder's lease runs out on the server
-/// (`expiry`, learned from the failed attempt), whichever comes first. An
-/// expiring lease publishes nothing, so without this a waiter would find
-/// out only at its next fallback poll.
+/// How a waiter learns that a lock held by a foreign client was released.
+/// polylock's own releases always publish a message; foreign `plain`-format
+/// clients (redis-py, redsync, node-redlock, `SET NX PX` scripts) publish
+/// nothing, and Redisson publishes its unlock message on the channel
+/// polylock's `redisson` format listens to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ForeignWake {
+    /// The server sends keyspace notifications for generic commands
+    /// (`notify-keyspace-events` contains `K` and `g` or `A`): waiters also
+    /// subscribe to the lock key's `__keyspace@DB__:KEY` channel, so a
+    /// foreign `DEL` (and, with `x`, an expiry) wakes them at once.
+    KeyspaceEvents,
+    /// No keyspace notifications (or a cluster, whose notifications stay
+    /// on the node that owns the key): waiters find a foreign release by
+    /// polling with jittered backoff (10–100 ms) and wake at the holder's
+    /// remaining TTL.
+    Polling,
+    /// `redisson` format: foreign Redisson clients publish their unlock
+    /// message on the lock's channel, which wakes waiters at once.
+    RedissonMessage,
+}
+
+impl ForeignWake {
+    /// Decides the mode for a freshly connected client. `CONFIG GET` may be
+    /// refused (managed services rename or forbid it): then polling.
+    pub(crate) async fn detect(cfg: &crate::config::RedisConfig, link: &crate::conn::Link) -> Self {
+        if cfg.format() == crate::config::Format::Redisson {
+            return ForeignWake::RedissonMessage;
+        }
+        if cfg.is_cluster() {
+            return ForeignWake::Polling;
+        }
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg("notify-keyspace-events");
+        match link
+            .command::<HashMap<String, String>>(&cmd, Duration::ZERO)
+            .await
+        {
+            Ok(v) => Self::from_flags(v.get("notify-keyspace-events").map_or("", |s| s.as_str())),
+            Err(_) => ForeignWake::Polling,
+        }
+    }
+
+    /// The mode for a `notify-keyspace-events` value.
+    pub(crate) fn from_flags(flags: &str) -> Self {
+        if flags.contains('K') && (flags.contains('g') || flags.contains('A')) {
+            ForeignWake::KeyspaceEvents
+        } else {
+            ForeignWake::Polling
+        }
+    }
+
+    /// One sentence for logs and `polylock status`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ForeignWake::KeyspaceEvents => {
+                "waiters wake on the key's keyspace events (del/expired) when a foreign client releases"
+            }
+            ForeignWake::Polling => {
+                "no keyspace events from this server, so waiters find a foreign client's release by polling (10-100 ms) or at its TTL"
+            }
+            ForeignWake::RedissonMessage => {
+                "waiters wake on Redisson's unlock message when a foreign Redisson client releases"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for ForeignWake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ForeignWake::KeyspaceEvents => "keyspace-events",
+            ForeignWake::Polling => "polling",
+            ForeignWake::RedissonMessage => "redisson-message",
+        })
+    }
+}
+
+/// A wake-up future for `acquire_loop`: the next message on any of the
+/// waiter's channels, or the moment the current holder's lease runs out on
+/// the server (`expiry`, learned from the failed attempt), whichever comes
+/// first. An expiring lease publishes nothing, so without this a waiter
+/// would find out only at its next fallback poll.
 pub(crate) fn wake_up<'a>(
-    sub: &'a Subscription,
+    subs: &'a [Subscription],
     expiry: &'a Mutex<Option<Instant>>,
 ) -> impl Future<Output = ()> + 'a {
     // Registered now, before the attempt it guards.
-    let message = sub.arm();
+    let messages: Vec<_> = subs.iter().map(Subscription::arm).collect();
     async move {
+        let message = futures::future::select_all(messages);
         // Read after the attempt, which recorded when the holder expires.
         let at = *expiry.lock().unwrap_or_else(|p| p.into_inner());
         match at {
@@ -379,7 +459,24 @@ pub(crate) fn wake_up<'a>(
                     _ = sleep_until(at) => {}
                 }
             }
-            None => message.await,
+            None => {
+                message.await;
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ForeignWake;
+
+    #[test]
+    fn keyspace_flags() {
+        assert_eq!(ForeignWake::from_flags(""), ForeignWake::Polling);
+        assert_eq!(ForeignWake::from_flags("Ex"), ForeignWake::Polling);
+        assert_eq!(ForeignWake::from_flags("Kg"), ForeignWake::KeyspaceEvents);
+        assert_eq!(ForeignWake::from_flags("KA"), ForeignWake::KeyspaceEvents);
+        assert_eq!(ForeignWake::from_flags("AK"), ForeignWake::KeyspaceEvents);
+        assert_eq!(ForeignWake::from_flags("Kx"), ForeignWake::Polling);
     }
 }

@@ -36,6 +36,52 @@ async fn cluster_specifics() {
         plain.release(&lease).await.unwrap();
         assert!(plain.force_release(&n).await.is_ok());
     }
+    // The slot math against the server's own: the lock key is the name,
+    // and what polylock keeps beside it is in the same slot, whatever
+    // braces the name has (its own tag, an empty tag, a `}` before any
+    // `{`, ...).
+    let mut admin = support::raw(&cluster.servers()[0].url()).await;
+    let mut names: Vec<String> = [
+        "job",
+        "a{b}c",
+        "{",
+        "}",
+        "{}",
+        "}{",
+        "{}x",
+        "a}b{",
+        "{tag}job",
+        "{user1}.lock",
+        "x{}{y}",
+        "{{a}}",
+        "a}}",
+        "ключ{🔒}",
+        long.as_str(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    // Brace-heavy names whose bookkeeping needs a found tag.
+    names.extend((0..60).map(|i| format!("{}}}{i}{{", "x".repeat(i % 7))));
+    for n in &names {
+        let keys = plain.keys(&LockName::new(n.as_str()).unwrap()).unwrap();
+        assert_eq!(&keys.lock, n);
+        let mut slots = Vec::new();
+        for k in [&keys.lock, &keys.fence, &keys.channel] {
+            let s: i64 = redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(k)
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            slots.push(s);
+        }
+        assert!(
+            slots.iter().all(|s| *s == slots[0]),
+            "{n:?}: slots {slots:?} of {keys:?}"
+        );
+    }
+
     // Names spread over the three masters.
     let mut slots = std::collections::HashSet::new();
     for i in 0..30 {

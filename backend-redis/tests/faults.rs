@@ -174,7 +174,7 @@ async fn waiter_survives_its_pubsub_connection_being_killed() {
     // at once rather than at a fallback poll.
     assert!(
         eventually(Duration::from_secs(5), || async {
-            numsub(&admin, "polylock:{faults/pubsub}:released").await == 1
+            numsub(&admin, "__polylock__:released:{faults/pubsub}").await == 1
         })
         .await,
         "the waiter did not subscribe again"

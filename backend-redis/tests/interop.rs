@@ -12,12 +12,25 @@ use redis::AsyncCommands;
 use support::{foreign_set_nx, name, req, server_and_clients, spawn_timed_acquire, wait_req};
 use tokio::time::{sleep, timeout, Instant};
 
+/// What Redisson's `RLock.unlock()` runs: KEYS lock, channel; ARGV unlock
+/// message, lease time, holder field.
+const REDISSON_UNLOCK: &str = "
+if redis.call('hexists', KEYS[1], ARGV[3]) == 0 then return nil end
+local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1)
+if counter > 0 then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return 0
+end
+redis.call('del', KEYS[1])
+redis.call('publish', KEYS[2], ARGV[1])
+return 1";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_plain_lock_blocks_ours_until_released() {
     let (_srv, ours, mut foreign) = server_and_clients("").await;
     let n = name("interop/released");
     let key = ours.keys(&n).unwrap().lock;
-    assert_eq!(key, "polylock:{interop/released}");
+    assert_eq!(key, "interop/released", "the lock key is the name itself");
 
     // Another client (redis-py, redsync, a shell script) takes it its way.
     let set = foreign_set_nx(&mut foreign, &key, "their-token", 30_000).await;
@@ -28,7 +41,13 @@ async fn foreign_plain_lock_blocks_ours_until_released() {
         .unwrap()
         .is_none());
     let info = ours.inspect(&n).await.unwrap().expect("held");
-    assert_eq!(info.owner, "their-token");
+    assert!(
+        info.owner
+            .starts_with("a foreign client (not polylock), value \"their-token\""),
+        "{}",
+        info.owner
+    );
+    assert!(info.owner.contains("polling"), "{}", info.owner);
     assert_eq!(
         info.fence, None,
         "a foreign holder has no fencing token of ours"
@@ -112,8 +131,15 @@ async fn our_plain_lock_blocks_a_foreign_set_nx() {
     assert_eq!(value, r.owner.to_string());
     let pttl: i64 = foreign.pttl(&key).await.unwrap();
     assert!(pttl > 9_000 && pttl <= 10_000, "{pttl}");
-    let fence: u64 = foreign.get(format!("{key}:fence")).await.unwrap();
+    let fence: u64 = foreign
+        .hget(ours.keys(&n).unwrap().fence, "fence")
+        .await
+        .unwrap();
     assert_eq!(fence, lease.fence().get());
+    assert_eq!(
+        ours.inspect(&n).await.unwrap().expect("held").owner,
+        r.owner.to_string()
+    );
 
     ours.release(&lease).await.unwrap();
     let set = foreign_set_nx(&mut foreign, &key, "their-token", 30_000).await;
@@ -240,13 +266,19 @@ async fn redisson_foreign_holder_blocks_and_its_unlock_message_wakes_us() {
     // Long enough for the fallback poll to have backed off to its maximum.
     sleep(Duration::from_millis(1500)).await;
     assert!(!waiter.is_finished());
-    // Redisson unlocks: deletes the hash, publishes 0.
+    // Redisson unlocks with its own script: one hold less, and at zero the
+    // hash goes and 0 is published on its channel.
     let unlocked_at = Instant::now();
-    let _: () = r.del("shared-job").await.unwrap();
-    let _: () = r
-        .publish("redisson_lock__channel:{shared-job}", 0)
+    let unlocked: i64 = redis::Script::new(REDISSON_UNLOCK)
+        .key("shared-job")
+        .key("redisson_lock__channel:{shared-job}")
+        .arg(0)
+        .arg(30_000)
+        .arg(theirs)
+        .invoke_async(&mut r)
         .await
         .unwrap();
+    assert_eq!(unlocked, 1, "the unlock took the last hold");
     let (got_at, lease) = waiter.await.unwrap();
     let lease = lease.expect("acquired after the unlock");
     assert!(
@@ -255,4 +287,55 @@ async fn redisson_foreign_holder_blocks_and_its_unlock_message_wakes_us() {
         got_at - unlocked_at
     );
     ours.release(&lease).await.unwrap();
+}
+
+/// With keyspace notifications on, a waiter also listens to the lock key's
+/// keyspace channel, and a foreign release (which publishes nothing) wakes
+/// it there; without them it polls. Prints both hand-off medians.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_release_wakes_by_keyspace_event_or_poll() {
+    let events = testkit::RedisServer::start_with_args(&["--notify-keyspace-events", "Kgx"])
+        .expect("redis-server");
+    let polling = support::server();
+    for (srv, wake) in [
+        (&events, backend_redis::ForeignWake::KeyspaceEvents),
+        (&polling, backend_redis::ForeignWake::Polling),
+    ] {
+        let ours = support::backend(&srv.url()).await;
+        assert_eq!(ours.foreign_wake(), wake);
+        let mut foreign = support::raw(&srv.url()).await;
+        let admin = support::raw(&srv.url()).await;
+        let mut handoffs = Vec::new();
+        for i in 0..7 {
+            let n = name(&format!("interop/wake/{i}"));
+            foreign_set_nx(&mut foreign, n.as_str(), "theirs", 30_000).await;
+            let waiter = spawn_timed_acquire(
+                &ours,
+                wait_req(&n, Duration::from_secs(5), Duration::from_secs(10)),
+            );
+            let channel = format!("__keyspace@0__:{n}");
+            let listening = support::eventually(Duration::from_secs(3), || async {
+                support::numsub(&admin, &channel).await == 1
+            })
+            .await;
+            assert_eq!(
+                listening,
+                wake == backend_redis::ForeignWake::KeyspaceEvents,
+                "{wake}: subscribed to {channel}"
+            );
+            // Backed off to its longest poll.
+            sleep(Duration::from_millis(300)).await;
+            let released_at = Instant::now();
+            let _: i64 = foreign.del(n.as_str()).await.unwrap();
+            let (got_at, lease) = waiter.await.unwrap();
+            handoffs.push(got_at.saturating_duration_since(released_at));
+            ours.release(&lease.expect("acquired")).await.unwrap();
+        }
+        handoffs.sort();
+        eprintln!(
+            "foreign release -> polylock ({wake}): median {:?}, all {handoffs:?}",
+            handoffs[handoffs.len() / 2]
+        );
+        assert!(handoffs[handoffs.len() / 2] < Duration::from_secs(1));
+    }
 }

@@ -26,12 +26,12 @@ fn spawn_waiting(waiter: &Locker, lock: &'static str) -> JoinHandle<lock_core::R
     })
 }
 
-/// The channels subscribed to whose names start with `polylock:`.
+/// The release channels polylock subscribed to.
 async fn polylock_channels(admin: &redis::aio::MultiplexedConnection) -> Vec<String> {
     let mut admin = admin.clone();
     redis::cmd("PUBSUB")
         .arg("CHANNELS")
-        .arg("polylock:*")
+        .arg("__polylock__:*")
         .query_async(&mut admin)
         .await
         .unwrap()
@@ -70,7 +70,7 @@ async fn cancelled_waiters_leave_no_subscription() {
     let holder = locker_on(&srv.url()).await;
     let waiter = locker_on(&srv.url()).await;
     let admin = raw(&srv.url()).await;
-    let channel = "polylock:{wait/cancel}:released";
+    let channel = "__polylock__:released:{wait/cancel}";
     let guard = holder.lock("wait/cancel").acquire().await.unwrap();
 
     // Two waiters of one client share one subscription.

@@ -1,0 +1,102 @@
+//! Contract fixes from review (issue #9), on a real redis-server, in both
+//! wire formats: a release after someone else's grant is a loss, a retried
+//! attempt recognises its own grant, and an evicted fencing counter never
+//! hands out a lower token.
+
+mod support;
+
+use std::time::Duration;
+
+use lock_core::{AcquireRequest, LockBackend, OwnerToken};
+use redis::AsyncCommands;
+use support::{acquire_free, name, req, server_and_clients};
+use tokio::time::Instant;
+
+const FORMATS: [&str; 2] = ["", "?format=redisson"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_and_renew_after_a_later_grant_are_lost() {
+    for query in FORMATS {
+        let (_srv, ours, _raw) = server_and_clients(query).await;
+        let n = name("contract/overlap");
+        let a = acquire_free(&ours, &n, Duration::from_secs(30)).await;
+        // An operator removes A's lock; B takes it, works, releases.
+        assert!(ours.force_release(&n).await.unwrap());
+        let b = acquire_free(&ours, &n, Duration::from_secs(30)).await;
+        assert!(b.fence() > a.fence());
+        ours.release(&b).await.unwrap();
+        // The lock is free again, but A's section was not exclusive.
+        let r = ours.release(&a).await;
+        assert!(
+            r.as_ref().is_err_and(|e| e.is_lost()),
+            "{query}: release after another grant: {r:?}"
+        );
+        let r = ours.renew(&a).await;
+        assert!(
+            r.as_ref().is_err_and(|e| e.is_lost()),
+            "{query}: renew after another grant: {r:?}"
+        );
+        // Nobody else was granted it: releasing a removed lock is still Ok.
+        let c = acquire_free(&ours, &n, Duration::from_secs(30)).await;
+        assert!(ours.force_release(&n).await.unwrap());
+        ours.release(&c).await.expect("no later grant: idempotent");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_recognises_its_own_orphaned_grant() {
+    let (_srv, ours, mut raw) = server_and_clients("").await;
+    let n = name("contract/orphan");
+    let owner = OwnerToken::random();
+    let ttl = Duration::from_secs(30);
+    let request = AcquireRequest::new(n.clone(), owner, ttl, Duration::from_secs(3)).unwrap();
+    // The first attempt ran on the server; its reply never reached us.
+    let orphan = ours.try_acquire(&request).await.unwrap().expect("free");
+    let _: () = raw.pexpire(n.as_str(), 10_000).await.unwrap();
+    // The retry finds our own grant at once instead of waiting for it.
+    let started = Instant::now();
+    let lease = ours
+        .acquire(&request)
+        .await
+        .unwrap()
+        .expect("the retry recognises its own grant");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(lease.fence(), orphan.fence(), "the same grant");
+    let pttl: i64 = raw.pttl(n.as_str()).await.unwrap();
+    assert!(pttl > 25_000, "the retry's TTL applies: {pttl}");
+    // Another owner still cannot take it.
+    assert!(ours.try_acquire(&req(&n, ttl)).await.unwrap().is_none());
+    ours.release(&lease).await.unwrap();
+    assert!(ours.inspect(&n).await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_fence_counter_never_hands_out_a_lower_token() {
+    for query in FORMATS {
+        let (_srv, ours, mut raw) = server_and_clients(query).await;
+        let n = name("contract/evicted");
+        let mut highest = 0;
+        for _ in 0..3 {
+            let lease = acquire_free(&ours, &n, Duration::from_secs(30)).await;
+            assert!(lease.fence().get() > highest);
+            highest = lease.fence().get();
+            ours.release(&lease).await.unwrap();
+        }
+        // What an allkeys-* maxmemory policy does to an idle counter.
+        let counter = ours.keys(&n).unwrap().fence;
+        let removed: i64 = raw.del(&counter).await.unwrap();
+        assert_eq!(removed, 1, "{query}: {counter}");
+        let after = acquire_free(&ours, &n, Duration::from_secs(30)).await;
+        assert!(
+            after.fence().get() > highest,
+            "{query}: token {} after the counter was evicted, {highest} before",
+            after.fence()
+        );
+        assert!(after.fence().get() < 1 << 53, "exact in a double");
+        ours.release(&after).await.unwrap();
+    }
+}
