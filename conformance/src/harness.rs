@@ -1,7 +1,7 @@
 //! Turns (backend x case) into test trials of one binary.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -27,17 +27,31 @@ pub fn main() {
     } in registered()
     {
         let shared: Shared = Arc::new(OnceLock::new());
+        // Cases of one fixture run side by side, except an exclusive one
+        // (a server restart), which runs alone.
+        let turns = Arc::new(RwLock::new(()));
         let promised = guarantees();
-        for Case { name, applies, run } in all() {
+        for Case {
+            name,
+            applies,
+            run,
+            exclusive,
+        } in all()
+        {
             if !applies(&promised) {
                 continue;
             }
             let shared = Arc::clone(&shared);
+            let turns = Arc::clone(&turns);
             let trial = Trial::test(format!("{label}::{name}"), move || {
                 let fixture = shared
                     .get_or_init(setup)
                     .as_ref()
                     .map_err(|e| Failed::from(format!("{label}: fixture setup failed: {e}")))?;
+                // A panicking case poisons nothing it shares: the lock
+                // guards no data.
+                let _alone = exclusive.then(|| turns.write().unwrap_or_else(|p| p.into_inner()));
+                let _shared = (!exclusive).then(|| turns.read().unwrap_or_else(|p| p.into_inner()));
                 run_case(fixture.as_ref(), name, run)
             });
             trials.push(trial);

@@ -29,6 +29,9 @@ pub struct Case {
     pub applies: fn(&Guarantees) -> bool,
     /// The case itself; panics on failure.
     pub run: for<'a> fn(&'a Ctx<'a>) -> BoxFuture<'a, ()>,
+    /// The case disturbs every client of the fixture (it restarts the
+    /// server), so no other case of that fixture may run at the same time.
+    pub exclusive: bool,
 }
 
 fn always(_: &Guarantees) -> bool {
@@ -44,6 +47,13 @@ macro_rules! case {
             name: stringify!($f),
             applies: $applies,
             run: |ctx| Box::pin($f(ctx)),
+            exclusive: false,
+        }
+    };
+    (exclusive $f:path, $applies:expr) => {
+        Case {
+            exclusive: true,
+            ..case!($f, $applies)
         }
     };
 }
