@@ -444,9 +444,53 @@ impl SqlBackend {
         .await
     }
 
+    fn unsure(&self) -> std::sync::MutexGuard<'_, HashMap<(LockName, OwnerToken), Instant>> {
+        // Critical sections are single map operations.
+        self.inner.unsure.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether an earlier attempt for this name and owner may have taken
+    /// the row without an answer, and its row may still be live.
+    fn was_unsure(&self, attempt: &(LockName, OwnerToken)) -> bool {
+        self.unsure()
+            .get(attempt)
+            .is_some_and(|until| Instant::now() < *until)
+    }
+
+    /// Records an attempt whose row, if it ran, lives until `until`.
+    fn mark_unsure(&self, attempt: &(LockName, OwnerToken), until: Instant) {
+        let mut unsure = self.unsure();
+        let now = Instant::now();
+        // Past their TTL, orphans expire by themselves.
+        unsure.retain(|_, t| *t > now);
+        let t = unsure.entry(attempt.clone()).or_insert(until);
+        *t = (*t).max(until);
+    }
+
+    /// The attempt got an answer: nothing of it is unknown.
+    fn settle(&self, attempt: &(LockName, OwnerToken)) {
+        self.unsure().remove(attempt);
+    }
+
     fn lost(lease: &Lease) -> LockError {
         LockError::Lost {
             name: lease.name().to_string(),
+        }
+    }
+}
+
+/// An acquire attempt in flight; see [`SqlBackend::try_acquire`].
+struct Pending<'a> {
+    backend: &'a SqlBackend,
+    attempt: (LockName, OwnerToken),
+    until: Instant,
+    answered: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.backend.mark_unsure(&self.attempt, self.until);
         }
     }
 }
@@ -455,55 +499,90 @@ impl SqlBackend {
 impl LockBackend for SqlBackend {
     /// One conditional upsert; see the crate docs for the statement.
     ///
+    /// An attempt that failed after its statement may have reached the
+    /// database (an operation timeout, a broken connection) may have taken
+    /// the row with nobody told. The next attempt of this client for the
+    /// same name and owner (the retry of a waiting acquire, or the caller's
+    /// own) therefore also takes a live row held under its own owner, so
+    /// it does not wait a TTL for its own orphan. The version goes up as
+    /// for any grant, so the orphan's holding is superseded.
+    ///
     /// # Cancel safety
     /// Not cancel safe: if dropped after the statement was sent, the row may
-    /// have been taken with nobody holding the lease; it expires at its TTL.
+    /// have been taken with nobody holding the lease; it expires at its TTL
+    /// (or is taken back by the next attempt, as above).
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         // Measured before the statement leaves, so the local deadline is
         // never later than the database's expiry.
         let sent_at = Instant::now();
         let (granted, units) = self.granted_ttl(req.ttl);
+        let attempt = (req.name.clone(), req.owner);
+        let mut unsure = self.was_unsure(&attempt);
+        // Marks the attempt unsure unless it gets an answer: on an error,
+        // and when this future is dropped mid-statement.
+        let mut pending = Pending {
+            backend: self,
+            attempt,
+            until: sent_at + granted,
+            answered: false,
+        };
         let owner = req.owner.to_string();
-        let (name, owner, sql) = (req.name.as_str(), owner.as_str(), &self.inner.sql.acquire);
-        let won: Option<u64> = pool_match!(&self.inner.pools, {
+        let (name, owner, sql) = (req.name.as_str(), owner.as_str(), &self.inner.sql);
+        // Each send after the first (a broken connection) may follow one
+        // that ran: it takes back our own row too.
+        let mut statement = || {
+            let s = if unsure { &sql.reclaim } else { &sql.acquire };
+            unsure = true;
+            s
+        };
+        let won: Result<Option<u64>, LockError> = pool_match!(&self.inner.pools, {
             Postgres(p) | Sqlite(p) => self
-                .run("acquire", || async move {
-                    sqlx::query_scalar::<_, i64>(q(sql))
-                        .bind(name)
-                        .bind(owner)
-                        .bind(units)
-                        .fetch_optional(p)
-                        .await
+                .run("acquire", || {
+                    let sql = statement();
+                    async move {
+                        sqlx::query_scalar::<_, i64>(q(sql))
+                            .bind(name)
+                            .bind(owner)
+                            .bind(units)
+                            .fetch_optional(p)
+                            .await
+                    }
                 })
-                .await?
-                .map(|v| u64::try_from(v).unwrap_or(0)),
-            MySql(p) => {
-                let done = self
-                    .run("acquire", || async move {
+                .await
+                .map(|v| v.map(|v| u64::try_from(v).unwrap_or(0))),
+            MySql(p) => self
+                .run("acquire", || {
+                    let sql = statement();
+                    async move {
                         sqlx::query(q(sql))
                             .bind(name.as_bytes())
                             .bind(owner.as_bytes())
                             .bind(units)
                             .execute(p)
                             .await
-                    })
-                    .await?;
-                // LAST_INSERT_ID(expr) carries the outcome (see dialect.rs).
-                // Cross-check it with the affected-row count (with
-                // CLIENT_FOUND_ROWS: 1 inserted, 2 updated, 1 unchanged).
-                match (done.last_insert_id(), done.rows_affected()) {
-                    (0, 1) => None,
-                    (1, 1) => Some(1),
-                    (v, 2) if v > 0 => Some(v),
-                    (v, n) => {
-                        return Err(self.inner.errors.protocol(
+                    }
+                })
+                .await
+                .and_then(|done| {
+                    // LAST_INSERT_ID(expr) carries the outcome (see
+                    // dialect.rs). Cross-check it with the affected-row
+                    // count (with CLIENT_FOUND_ROWS: 1 inserted, 2 updated,
+                    // 1 unchanged).
+                    match (done.last_insert_id(), done.rows_affected()) {
+                        (0, 1) => Ok(None),
+                        (1, 1) => Ok(Some(1)),
+                        (v, 2) if v > 0 => Ok(Some(v)),
+                        (v, n) => Err(self.inner.errors.protocol(
                             "acquire",
                             format!("unexpected outcome: version {v}, {n} rows affected"),
-                        ))
+                        )),
                     }
-                }
-            }
+                }),
         });
+        // An answer (either way) settles it; an error leaves it unsure.
+        let won = won?;
+        pending.answered = true;
+        self.settle(&pending.attempt);
         match won {
             Some(version) => {
                 let fence = self.fence("acquire", version)?;
