@@ -435,10 +435,12 @@ impl SqlBackend {
                     .fetch_optional(p)
                     .await?
                     .map(|v| v.max(0) as u64),
-                Pools::MySql(p) => sqlx::query_scalar::<_, u64>(q(sql))
-                    .bind(name.as_bytes())
-                    .fetch_optional(p)
-                    .await?,
+                Pools::MySql(p) => {
+                    sqlx::query_scalar::<_, u64>(q(sql))
+                        .bind(name.as_bytes())
+                        .fetch_optional(p)
+                        .await?
+                }
             })
         })
         .await

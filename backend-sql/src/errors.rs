@@ -269,7 +269,10 @@ mod tests {
         assert!(is_retryable(Dialect::Postgres, &io));
         assert!(!is_retryable(Dialect::Postgres, &sqlx::Error::PoolClosed));
         assert!(is_broken_connection(Dialect::MySql, &io));
-        assert!(!is_broken_connection(Dialect::Postgres, &sqlx::Error::PoolTimedOut));
+        assert!(!is_broken_connection(
+            Dialect::Postgres,
+            &sqlx::Error::PoolTimedOut
+        ));
         assert!(!is_broken_connection(
             Dialect::Postgres,
             &sqlx::Error::Protocol("bad".into())

@@ -159,7 +159,12 @@ pub(crate) async fn raw_connection(base: &str) -> sqlx::AnyConnection {
 }
 
 /// A request for `name` under `owner`.
-pub(crate) fn request(name: &str, owner: OwnerToken, ttl: Duration, wait: Duration) -> AcquireRequest {
+pub(crate) fn request(
+    name: &str,
+    owner: OwnerToken,
+    ttl: Duration,
+    wait: Duration,
+) -> AcquireRequest {
     AcquireRequest::new(LockName::new(name).unwrap(), owner, ttl, wait).unwrap()
 }
 

@@ -45,12 +45,16 @@ async fn release_after_someone_else_held_says_lost() {
         let short = Duration::from_millis(300);
         let held_a = try_once(&a, &name, short).await.expect("A acquires again");
         sleep(short + Duration::from_millis(200)).await;
-        let held_b = try_once(&b, &name, ttl).await.expect("B takes the expired lock");
+        let held_b = try_once(&b, &name, ttl)
+            .await
+            .expect("B takes the expired lock");
         b.release(&held_b).await.unwrap();
         assert_lost("release after expiry and B", d, a.release(&held_a).await);
 
         // Force-released and nobody took it since: nothing overlapped.
-        let held_a = try_once(&a, &name, ttl).await.expect("A acquires a third time");
+        let held_a = try_once(&a, &name, ttl)
+            .await
+            .expect("A acquires a third time");
         assert!(b.force_release(held_a.name()).await.unwrap());
         a.release(&held_a)
             .await
@@ -73,7 +77,12 @@ async fn retried_acquire_takes_back_its_orphan(dialect: &str, url: String, port:
     // Open the pooled connections (and PostgreSQL's listener) while the
     // network is fast.
     let warm = client
-        .acquire(&request(&unique("warm"), OwnerToken::random(), Duration::from_secs(5), Duration::from_secs(5)))
+        .acquire(&request(
+            &unique("warm"),
+            OwnerToken::random(),
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+        ))
         .await
         .unwrap()
         .expect("warm-up lock");
@@ -95,16 +104,25 @@ async fn retried_acquire_takes_back_its_orphan(dialect: &str, url: String, port:
     // never saw the answer.
     let started = Instant::now();
     loop {
-        let holder = direct.inspect(&LockName::new(&name).unwrap()).await.unwrap();
+        let holder = direct
+            .inspect(&LockName::new(&name).unwrap())
+            .await
+            .unwrap();
         if let Some(h) = holder {
             assert_eq!(h.owner, owner.to_string(), "{dialect}");
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(10), "{dialect}: the attempt never ran");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{dialect}: the attempt never ran"
+        );
         sleep(Duration::from_millis(50)).await;
     }
     sleep(Duration::from_millis(800)).await;
-    assert!(!waiting.is_finished(), "{dialect}: every attempt should time out while delayed");
+    assert!(
+        !waiting.is_finished(),
+        "{dialect}: every attempt should time out while delayed"
+    );
     proxy.set_mode(Mode::Pass);
     let lease = timeout(Duration::from_secs(15), waiting)
         .await
@@ -113,12 +131,12 @@ async fn retried_acquire_takes_back_its_orphan(dialect: &str, url: String, port:
         .unwrap_or_else(|e| panic!("{dialect}: {e}"))
         .expect("granted");
     assert_eq!(lease.owner(), owner);
-    let holder = direct
-        .inspect(lease.name())
-        .await
-        .unwrap()
-        .expect("held");
-    assert_eq!(holder.fence, Some(lease.fence()), "{dialect}: the lease is the row's holding");
+    let holder = direct.inspect(lease.name()).await.unwrap().expect("held");
+    assert_eq!(
+        holder.fence,
+        Some(lease.fence()),
+        "{dialect}: the lease is the row's holding"
+    );
     client.release(&lease).await.unwrap();
 }
 
@@ -142,7 +160,10 @@ async fn waiters_do_not_starve_renewals() {
     let dbs = common::all().await;
     // SQLite serialises every writer on the file lock, whichever pool it
     // came from, so the waiters cannot be stuck while the renewals run.
-    for db in dbs.into_iter().filter(|d| d.dialect != backend_sql::Dialect::Sqlite) {
+    for db in dbs
+        .into_iter()
+        .filter(|d| d.dialect != backend_sql::Dialect::Sqlite)
+    {
         let d = db.dialect;
         let url = db.url_with("pool_size=2");
         let client = SqlBackend::connect(&url).await.unwrap();
@@ -150,7 +171,9 @@ async fn waiters_do_not_starve_renewals() {
         let (held, busy) = (unique("held"), unique("busy"));
         // The busy lock's row exists; a transaction of the test locks it,
         // so every waiter's attempt blocks inside the database.
-        let setup = try_once(&client, &busy, Duration::from_secs(1)).await.unwrap();
+        let setup = try_once(&client, &busy, Duration::from_secs(1))
+            .await
+            .unwrap();
         client.release(&setup).await.unwrap();
         let table = url
             .split("table=")
@@ -174,14 +197,22 @@ async fn waiters_do_not_starve_renewals() {
                 let (client, busy) = (client.clone(), busy.clone());
                 tokio::spawn(async move {
                     client
-                        .acquire(&request(&busy, OwnerToken::random(), ttl, Duration::from_secs(60)))
+                        .acquire(&request(
+                            &busy,
+                            OwnerToken::random(),
+                            ttl,
+                            Duration::from_secs(60),
+                        ))
                         .await
                 })
             })
             .collect();
         let watched = Instant::now();
         while watched.elapsed() < ttl * 3 {
-            assert!(guard.is_held(), "{d:?}: the holder lost its lock behind waiters");
+            assert!(
+                guard.is_held(),
+                "{d:?}: the holder lost its lock behind waiters"
+            );
             sleep(Duration::from_millis(100)).await;
         }
         assert!(
@@ -208,7 +239,9 @@ async fn one_round_trip_per_statement(dialect: &str, url: String, port: u16) {
         .await
         .unwrap();
     let name = unique("rt");
-    let lease = try_once(&client, &name, Duration::from_secs(60)).await.unwrap();
+    let lease = try_once(&client, &name, Duration::from_secs(60))
+        .await
+        .unwrap();
     let lease = client.renew(&lease).await.unwrap();
     // Let the pool finish with the connections it was handed back.
     sleep(Duration::from_millis(300)).await;
@@ -218,7 +251,9 @@ async fn one_round_trip_per_statement(dialect: &str, url: String, port: u16) {
     let lease = client.renew(&lease).await.unwrap();
     let renew = started.elapsed();
     let started = Instant::now();
-    assert!(try_once(&client, &unique("rt"), Duration::from_secs(60)).await.is_some());
+    assert!(try_once(&client, &unique("rt"), Duration::from_secs(60))
+        .await
+        .is_some());
     let acquire = started.elapsed();
     for (what, took) in [("renew", renew), ("acquire", acquire)] {
         assert!(
@@ -252,7 +287,9 @@ async fn stale_connections_are_replaced(url: String, restart: impl FnOnce() + Se
     let names: Vec<String> = (0..3).map(|_| unique("stale")).collect();
     // Several connections open at once, so several go stale.
     let leases: Vec<_> = futures::future::join_all(
-        names.iter().map(|n| try_once(&client, n, Duration::from_secs(60))),
+        names
+            .iter()
+            .map(|n| try_once(&client, n, Duration::from_secs(60))),
     )
     .await
     .into_iter()
@@ -261,8 +298,21 @@ async fn stale_connections_are_replaced(url: String, restart: impl FnOnce() + Se
     for l in &leases {
         client.renew(l).await.unwrap();
     }
+    assert!(client
+        .fenced(&leases[0])
+        .execute()
+        .await
+        .unwrap()
+        .is_applied());
     sleep(Duration::from_millis(300)).await;
     tokio::task::spawn_blocking(restart).await.unwrap();
+    // A fenced write opens its transaction again on a fresh connection.
+    let fenced = client
+        .fenced(&leases[0])
+        .execute()
+        .await
+        .unwrap_or_else(|e| panic!("fenced write after the restart: {e}"));
+    assert!(fenced.is_applied(), "{fenced:?}");
     for l in &leases {
         client
             .renew(l)
@@ -271,7 +321,12 @@ async fn stale_connections_are_replaced(url: String, restart: impl FnOnce() + Se
     }
     let after = unique("stale");
     let fresh = client
-        .try_acquire(&request(&after, OwnerToken::random(), Duration::from_secs(5), Duration::ZERO))
+        .try_acquire(&request(
+            &after,
+            OwnerToken::random(),
+            Duration::from_secs(5),
+            Duration::ZERO,
+        ))
         .await
         .unwrap_or_else(|e| panic!("acquire after the restart: {e}"))
         .expect("free");
@@ -303,4 +358,28 @@ async fn mariadb_stale_pooled_connections_are_replaced() {
     );
     let s = server.clone();
     stale_connections_are_replaced(server.url(), move || s.restart().expect("restart")).await;
+}
+
+/// Taking back a row under one's own owner is only for an attempt that
+/// got no answer: a plain second attempt of the same owner while the row
+/// is held is refused, as for anyone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_attempt_of_the_same_owner_is_refused() {
+    for db in common::all().await {
+        let client = db.client().await;
+        let name = unique("same");
+        let owner = OwnerToken::random();
+        let ttl = Duration::from_secs(30);
+        let first = client
+            .try_acquire(&request(&name, owner, ttl, Duration::ZERO))
+            .await
+            .unwrap()
+            .expect("free");
+        let second = client
+            .try_acquire(&request(&name, owner, ttl, Duration::ZERO))
+            .await
+            .unwrap();
+        assert!(second.is_none(), "{:?}: {second:?}", db.dialect);
+        client.release(&first).await.unwrap();
+    }
 }
