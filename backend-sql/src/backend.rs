@@ -418,29 +418,28 @@ impl SqlBackend {
         })
     }
 
-    /// The version of `name`'s row (`None`: no row), read on the upkeep
-    /// pool: the release path.
-    async fn version_of(&self, name: &LockName) -> Result<Option<u64>, LockError> {
-        let sql = &self.inner.sql.version_of;
+    /// The version of `name`'s row and whether it is free (`None`: no
+    /// row), read on the upkeep pool: the release path.
+    async fn after_release(&self, name: &LockName) -> Result<Option<(u64, bool)>, LockError> {
+        let sql = &self.inner.sql.after_release;
         let name = name.as_str();
         self.run("release", || async move {
             Ok(match &self.inner.upkeep {
-                Pools::Postgres(p) => sqlx::query_scalar::<_, i64>(q(sql))
+                Pools::Postgres(p) => sqlx::query_as::<_, (i64, bool)>(q(sql))
                     .bind(name)
                     .fetch_optional(p)
                     .await?
-                    .map(|v| v.max(0) as u64),
-                Pools::Sqlite(p) => sqlx::query_scalar::<_, i64>(q(sql))
+                    .map(|(v, free)| (v.max(0) as u64, free)),
+                Pools::Sqlite(p) => sqlx::query_as::<_, (i64, i64)>(q(sql))
                     .bind(name)
                     .fetch_optional(p)
                     .await?
-                    .map(|v| v.max(0) as u64),
-                Pools::MySql(p) => {
-                    sqlx::query_scalar::<_, u64>(q(sql))
-                        .bind(name.as_bytes())
-                        .fetch_optional(p)
-                        .await?
-                }
+                    .map(|(v, free)| (v.max(0) as u64, free != 0)),
+                Pools::MySql(p) => sqlx::query_as::<_, (u64, i64)>(q(sql))
+                    .bind(name.as_bytes())
+                    .fetch_optional(p)
+                    .await?
+                    .map(|(v, free)| (v, free != 0)),
             })
         })
         .await
@@ -658,8 +657,9 @@ impl LockBackend for SqlBackend {
     /// Frees the row if owner and version match (PostgreSQL: and notifies
     /// waiters in the same statement). Otherwise `Err(Lost)` if the lock was
     /// granted to anyone after this holding (the row's version is higher,
-    /// whether or not they still hold it), and `Ok` if not (released
-    /// before, or freed and not taken since).
+    /// whether or not they still hold it) or the row is held under another
+    /// owner, and `Ok` if the row is free at this version (released before,
+    /// or force-released and not taken since).
     ///
     /// # Cancel safety
     /// Cancel safe: the row was freed or not; it expires at its TTL.
@@ -706,12 +706,14 @@ impl LockBackend for SqlBackend {
         // Not freed: the row is no longer this holding. The version says
         // whether anyone was granted the lock since (it goes up with every
         // grant and never back): then the critical section was not
-        // exclusive, and the caller must hear it. The same version means
-        // we released it already, or it was freed (force release, expiry)
-        // with nobody taking it since.
-        match self.version_of(lease.name()).await? {
-            Some(v) if v != version => Err(Self::lost(lease)),
-            _ => Ok(()),
+        // exclusive, and the caller must hear it. The same version on a
+        // free row means we released it already, or it was force-released
+        // with nobody taking it since; on a row with another owner, the
+        // lease was never this one's (forged).
+        match self.after_release(lease.name()).await? {
+            None => Ok(()),
+            Some((v, free)) if v == version && free => Ok(()),
+            Some(_) => Err(Self::lost(lease)),
         }
     }
 

@@ -229,6 +229,9 @@ pub(crate) struct Statements {
     pub(crate) reclaim: Arc<str>,
     /// Binds: name. Returns the row's version.
     pub(crate) version_of: Arc<str>,
+    /// Binds: name. Returns the row's version and whether it is free
+    /// (`owner IS NULL`): what a release that matched nothing looks at.
+    pub(crate) after_release: Arc<str>,
     /// Binds: name, owner, version. Returns a row when that holding is live
     /// by the database clock, and locks the row until the end of the
     /// transaction (PG, MySQL; SQLite's write transaction locks the file).
@@ -293,6 +296,9 @@ impl Statements {
                          WHERE name = ?1 AND owner = ?2 AND version = ?3"
                     )),
                     version_of: s(format!("SELECT version FROM {t} WHERE name = ?1")),
+                    after_release: s(format!(
+                        "SELECT version, owner IS NULL FROM {t} WHERE name = ?1"
+                    )),
                     holding: s(format!(
                         "SELECT version FROM {t} WHERE name = ?1 AND owner = ?2 \
                          AND version = ?3 AND expires_at > {now}"
@@ -357,6 +363,9 @@ impl Statements {
                          SELECT pg_notify($4, name)::text FROM freed"
                     )),
                     version_of: s(format!("SELECT version FROM {t} WHERE name = $1")),
+                    after_release: s(format!(
+                        "SELECT version, owner IS NULL FROM {t} WHERE name = $1"
+                    )),
                     // FOR SHARE: an acquirer taking the row (expired by
                     // now or not) waits for the fenced write to commit.
                     holding: s(format!(
@@ -437,6 +446,9 @@ impl Statements {
                          WHERE name = ? AND owner = ? AND version = ?"
                     )),
                     version_of: s(format!("SELECT version FROM {t} WHERE name = ?")),
+                    after_release: s(format!(
+                        "SELECT version, owner IS NULL FROM {t} WHERE name = ?"
+                    )),
                     holding: s(format!(
                         "SELECT version FROM {t} WHERE name = ? AND owner = ? \
                          AND version = ? AND expires_at > {now} LOCK IN SHARE MODE"

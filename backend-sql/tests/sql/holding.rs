@@ -59,6 +59,25 @@ async fn release_after_someone_else_held_says_lost() {
         a.release(&held_a)
             .await
             .unwrap_or_else(|e| panic!("{d:?}: nobody held it after A: {e}"));
+
+        // A lease with the holder's version but another owner was never
+        // the holder's: its release is refused and changes nothing.
+        let real = try_once(&b, &name, ttl).await.expect("B holds");
+        let forged = lock_core::Lease::new(
+            real.name().clone(),
+            OwnerToken::random(),
+            real.fence(),
+            real.ttl(),
+            Instant::now(),
+            real.policy(),
+        );
+        assert_lost("forged release", d, a.release(&forged).await);
+        assert_eq!(
+            a.inspect(real.name()).await.unwrap().and_then(|h| h.fence),
+            Some(real.fence()),
+            "{d:?}: the real holder's lock was touched"
+        );
+        b.release(&real).await.unwrap();
     }
 }
 
