@@ -799,7 +799,17 @@ impl LockBackend for SqlBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lock_core::OwnerToken;
+
+    /// docs/sql.md: renewals and releases get `ceil(pool_size / 4)`
+    /// connections of their own, at most 4.
+    #[test]
+    fn upkeep_pool_sizes() {
+        assert_eq!(upkeep_size(1), 1);
+        assert_eq!(upkeep_size(4), 1);
+        assert_eq!(upkeep_size(8), 2);
+        assert_eq!(upkeep_size(9), 3);
+        assert_eq!(upkeep_size(100), 4);
+    }
 
     fn request(name: &str) -> AcquireRequest {
         AcquireRequest::new(
