@@ -402,3 +402,49 @@ async fn a_second_attempt_of_the_same_owner_is_refused() {
         client.release(&first).await.unwrap();
     }
 }
+
+/// The brief's shape on every database: more waiters than pool
+/// connections, polling the held name itself as fast as they may, while
+/// the holder renews a short TTL through the same client: it keeps the
+/// lock, and no waiter gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_on_the_held_name_do_not_starve_its_renewals() {
+    for db in common::all().await {
+        let d = db.dialect;
+        let client = SqlBackend::connect(&db.url_with("pool_size=2&max_poll=1ms"))
+            .await
+            .unwrap();
+        let locker = Locker::new(client.clone());
+        let name = unique("hot");
+        let ttl = Duration::from_millis(900);
+        let guard = locker.lock(&name).ttl(ttl).acquire().await.unwrap();
+        let waiters: Vec<_> = (0..12)
+            .map(|_| {
+                let (client, name) = (client.clone(), name.clone());
+                tokio::spawn(async move {
+                    client
+                        .acquire(&request(
+                            &name,
+                            OwnerToken::random(),
+                            ttl,
+                            Duration::from_secs(60),
+                        ))
+                        .await
+                })
+            })
+            .collect();
+        let watched = Instant::now();
+        while watched.elapsed() < ttl * 4 {
+            assert!(
+                guard.is_held(),
+                "{d:?}: the holder lost its lock to busy waiters"
+            );
+            sleep(Duration::from_millis(50)).await;
+        }
+        for w in &waiters {
+            assert!(!w.is_finished(), "{d:?}: a waiter got a held lock");
+            w.abort();
+        }
+        guard.release().await.unwrap();
+    }
+}
