@@ -112,9 +112,7 @@ impl Lease {
     /// Whether the backend has revoked this lease (see
     /// [`with_revocation`](Lease::with_revocation)).
     pub fn is_revoked(&self) -> bool {
-        self.revoked
-            .as_ref()
-            .is_some_and(CancellationToken::is_cancelled)
+        self.revoked.as_ref().is_some_and(CancellationToken::is_cancelled)
     }
 
     /// The same lease extended by a renew request sent at `sent_at` that the
