@@ -77,6 +77,41 @@ struct Inner {
     /// One grant at a time, so concurrent first acquisitions share it.
     granting: tokio::sync::Mutex<()>,
     slots: Arc<Slots>,
+    /// Holdings this client released (or tried to, without an answer),
+    /// newest last: a second release of one of them is `Ok`, while a claim
+    /// that vanished otherwise says `Lost`.
+    released: Mutex<ReleasedLog>,
+}
+
+/// How many released holdings a client remembers for idempotent releases.
+/// Beyond that, releasing a long-released holding again says `Lost`: never
+/// a wrong `Ok`.
+const RELEASED_MEMORY: usize = 4096;
+
+/// The last [`RELEASED_MEMORY`] holdings (claim key, create revision)
+/// released through this client.
+#[derive(Default)]
+struct ReleasedLog {
+    order: std::collections::VecDeque<(String, i64)>,
+    set: std::collections::HashSet<(String, i64)>,
+}
+
+impl ReleasedLog {
+    fn record(&mut self, key: &str, rev: i64) {
+        let entry = (key.to_string(), rev);
+        if self.set.insert(entry.clone()) {
+            self.order.push_back(entry);
+        }
+        while self.order.len() > RELEASED_MEMORY {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+    }
+
+    fn contains(&self, key: &str, rev: i64) -> bool {
+        self.set.contains(&(key.to_string(), rev))
+    }
 }
 
 impl Drop for Inner {
@@ -195,6 +230,7 @@ impl EtcdBackend {
                 sessions: Mutex::new(Vec::new()),
                 granting: tokio::sync::Mutex::new(()),
                 slots: Arc::default(),
+                released: Mutex::default(),
             }),
         })
     }
@@ -223,6 +259,18 @@ impl EtcdBackend {
         &self.inner.conn
     }
 
+    fn released_log(&self) -> MutexGuard<'_, ReleasedLog> {
+        // Critical sections are single set operations.
+        self.inner
+            .released
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn was_released(&self, key: &str, rev: i64) -> bool {
+        self.released_log().contains(key, rev)
+    }
+
     fn sessions_list(&self) -> MutexGuard<'_, Vec<Arc<Session>>> {
         // Critical sections are single list operations.
         self.inner
@@ -249,7 +297,8 @@ impl EtcdBackend {
         if let Some(found) = self.live_session(secs) {
             return Ok(found);
         }
-        let session = Session::start(self.inner.conn.clone(), secs).await?;
+        let session =
+            Session::start(self.inner.conn.clone(), secs, self.inner.config.prefix()).await?;
         let used = session
             .begin_use()
             .ok_or_else(|| LockError::transient(BACKEND, "a new etcd session ended at once"))?;
@@ -342,7 +391,8 @@ impl EtcdBackend {
                     claim.armed = false;
                     let lease = req
                         .lease(fence, state.ttl, state.last_ok_sent)
-                        .with_backend_key(key);
+                        .with_backend_key(key)
+                        .with_revocation(session.revocation());
                     return Ok(Some(lease));
                 }
                 Err(Closed(back)) => {
@@ -428,6 +478,35 @@ impl EtcdBackend {
                     }
                 }
             }
+        }
+    }
+}
+
+/// A release in flight: unless it ends with an answer that deleted
+/// nothing, the holding counts as released by us (a delete that happened,
+/// or one whose answer never came), so that a second release is `Ok`.
+struct ReleaseAttempt<'a> {
+    backend: &'a EtcdBackend,
+    key: &'a str,
+    rev: i64,
+    nothing_deleted: bool,
+}
+
+impl<'a> ReleaseAttempt<'a> {
+    fn new(backend: &'a EtcdBackend, key: &'a str, rev: i64) -> Self {
+        ReleaseAttempt {
+            backend,
+            key,
+            rev,
+            nothing_deleted: false,
+        }
+    }
+}
+
+impl Drop for ReleaseAttempt<'_> {
+    fn drop(&mut self) {
+        if !self.nothing_deleted {
+            self.backend.released_log().record(self.key, self.rev);
         }
     }
 }
@@ -592,12 +671,17 @@ impl LockBackend for EtcdBackend {
 
     /// Deletes the claim if it is still ours (same value and create
     /// revision; a plain delete when this client holds exactly this claim).
-    /// Already gone and nobody holding: `Ok`. Someone else holding:
-    /// `Err(Lost)`, and their claim is untouched.
+    /// Released through this client before: `Ok`. Otherwise, a claim that
+    /// is gone or replaced says `Err(Lost)`: it was deleted by someone else
+    /// (a force release) or with its session lease, and etcd keeps no record
+    /// of who was granted the lock after it, so the critical section may
+    /// not have been exclusive. Another holder's claim is never touched.
     ///
     /// # Cancel safety
     /// Cancel safe: the delete happened or not; an unreleased claim is
-    /// deleted by the session when its TTL passes without a renew.
+    /// deleted by the session when its TTL passes without a renew. A
+    /// release dropped (or failed) after sending counts as released for a
+    /// second release.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
         let lost = || LockError::Lost {
             name: lease.name().to_string(),
@@ -616,23 +700,42 @@ impl LockBackend for EtcdBackend {
             .as_ref()
             .filter(|s| s.holds(key, lease.owner(), rev))
         {
-            if queue::delete_own(self.conn(), key).await? {
-                s.forget(key, rev, lease.owner());
+            let deleted = {
+                let mut attempt = ReleaseAttempt::new(self, key, rev);
+                let deleted = queue::delete_own(self.conn(), key).await?;
+                attempt.nothing_deleted = !deleted;
+                deleted
+            };
+            s.forget(key, rev, lease.owner());
+            if deleted {
                 return Ok(());
             }
-            // Already gone (expired or removed): find out who holds now.
+            // Held by us, yet gone: someone else deleted it, or the lease
+            // ended. Unless an earlier release of ours got no answer.
+            return if self.was_released(key, rev) {
+                Ok(())
+            } else {
+                Err(lost())
+            };
         }
         let pfx = self.key_prefix(lease.name());
-        let outcome =
-            queue::release(self.conn(), &pfx, key, &lease.owner().to_string(), rev).await?;
+        let outcome = {
+            let mut attempt = ReleaseAttempt::new(self, key, rev);
+            let outcome =
+                queue::release(self.conn(), &pfx, key, &lease.owner().to_string(), rev).await?;
+            attempt.nothing_deleted = outcome != Released::Deleted;
+            outcome
+        };
         // Whatever the outcome, this holding's claim is not in etcd any more
         // (deleted now, gone before, or replaced): forget it locally.
         if let Some(session) = session {
             session.forget(key, rev, lease.owner());
         }
         match outcome {
-            Released::Deleted | Released::AlreadyFree => Ok(()),
-            Released::HeldByOther => Err(lost()),
+            Released::Deleted => Ok(()),
+            // Gone because we released it before (anyone may hold it now).
+            _ if self.was_released(key, rev) => Ok(()),
+            Released::AlreadyFree | Released::HeldByOther => Err(lost()),
         }
     }
 

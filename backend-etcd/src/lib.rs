@@ -47,7 +47,19 @@
 //!   data kept in etcd only while the claim still exists with that revision.
 //! - **Loss.** If no keepalive is answered before the local deadline, or
 //!   etcd says the lease is gone, every lock on the session reports `Lost`
-//!   and later acquisitions start a new session.
+//!   and later acquisitions start a new session. Each session also keeps
+//!   one key of its own on its lease, `{prefix}\0polylock-session/{lease id
+//!   in hex}` (never a claim: lock names cannot contain NUL), and watches
+//!   its deletion, so a lease revoked or expired by etcd ends the session at
+//!   once. Every [`Lease`](lock_core::Lease) carries the session's
+//!   revocation token ([`Lease::revocation`](lock_core::Lease::revocation)),
+//!   cancelled the moment the session ends, for guards to learn of the loss
+//!   without waiting for a renewal.
+//! - **Release.** A claim that vanished without this client releasing it
+//!   (force-released, reaped, gone with its lease) makes `release` say
+//!   `Lost`: etcd keeps no record of who held the lock after it, so the
+//!   critical section may not have been exclusive. Releasing again what this
+//!   client released is `Ok`.
 //! - **Cancellation.** A cancelled waiter's claim is deleted in the
 //!   background (there is no async drop), so it does not hold its place in
 //!   the queue; if etcd cannot be reached, it goes with the session lease.

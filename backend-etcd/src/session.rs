@@ -28,13 +28,23 @@
 //! answered one, or etcd answers TTL 0 (revoked or expired), the session is
 //! lost: every lock on it reports `Lost` from then on, its keys are given
 //! up (best-effort revoke), and the next acquisition starts a new session.
+//!
+//! A lease revoked by someone else (`etcdctl lease revoke`, an operator
+//! tool) is noticed at once rather than at the next keepalive: each session
+//! puts one key of its own attached to its lease, `{prefix}\0polylock-session/{id}`,
+//! and watches its deletion, which etcd performs exactly when the lease is
+//! revoked or expires. (A NUL cannot occur in a lock name, so this key is
+//! never a claim of any lock.) Every lease handed out on a session carries
+//! the session's revocation token ([`Session::revocation`]), cancelled the
+//! moment the session is known to be over, so guards learn of the loss
+//! without waiting for their next renewal.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use lock_core::{ClockPolicy, LockError, OwnerToken};
@@ -43,7 +53,8 @@ use tokio::time::{sleep, sleep_until, timeout, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::conn::{Conn, Retry};
-use crate::errors::is_lease_gone;
+use crate::errors::{is_lease_gone, lease_gone};
+use crate::queue::{self, WatchEnd};
 use crate::slot::Slot;
 
 /// How long a session with no locks and no acquisition in progress lives
@@ -132,7 +143,11 @@ impl Session {
     /// # Cancel safety
     /// Not cancel safe: a dropped grant may leave an unused lease, which
     /// etcd expires after its TTL.
-    pub(crate) async fn start(conn: Conn, secs: u64) -> Result<Arc<Session>, LockError> {
+    pub(crate) async fn start(
+        conn: Conn,
+        secs: u64,
+        prefix: &str,
+    ) -> Result<Arc<Session>, LockError> {
         let sent = Instant::now();
         let asked = i64::try_from(secs).unwrap_or(i64::MAX);
         let (id, granted) = conn.grant(asked).await?;
@@ -158,6 +173,7 @@ impl Session {
         });
         tracing::debug!(lease = id, ttl = ?ttl, "polylock: etcd session started");
         tokio::spawn(Arc::clone(&session).keep_alive());
+        tokio::spawn(Arc::clone(&session).watch_lease(sentinel_key(prefix, id)));
         Ok(session)
     }
 
@@ -172,6 +188,13 @@ impl Session {
 
     pub(crate) fn is_closed(&self) -> bool {
         self.gone.is_cancelled()
+    }
+
+    /// The token cancelled when the session is over (lost, revoked, shut
+    /// down), for the leases handed out on it: see
+    /// [`Lease::with_revocation`](lock_core::Lease::with_revocation).
+    pub(crate) fn revocation(&self) -> CancellationToken {
+        self.gone.clone()
     }
 
     /// Completes when the session is over.
@@ -516,6 +539,66 @@ impl Session {
         }
     }
 
+    /// Puts the session's sentinel key on its lease and watches its
+    /// deletion: etcd deletes it exactly when the lease is revoked or
+    /// expires, so the session ends then, not at the next keepalive. A
+    /// deletion while the lease lives (by hand) puts the key back.
+    async fn watch_lease(self: Arc<Self>, key: String) {
+        let mut pause = Duration::from_millis(50);
+        let mut watching_from: Option<i64> = None;
+        loop {
+            if self.is_closed() {
+                return;
+            }
+            let step = async {
+                let rev = match watching_from {
+                    Some(rev) => rev,
+                    None => match put_sentinel(&self.conn, &key, self.id).await {
+                        Ok(rev) => rev,
+                        Err(e) if lease_gone(&e) => return Err(true),
+                        Err(_) => return Err(false),
+                    },
+                };
+                watching_from = Some(rev);
+                match queue::wait_deleted(&self.conn, &key, rev).await {
+                    // Deleted, or the watch ended without telling: does the
+                    // lease still live?
+                    Ok(WatchEnd::Deleted | WatchEnd::Recheck) => {}
+                    Err(_) => return Err(false),
+                }
+                match self.conn.time_to_live(self.id).await {
+                    Ok(r) if r.ttl() > 0 => {
+                        // Alive: put the key back (it may have been deleted
+                        // by hand) and watch again from there.
+                        watching_from = None;
+                        Ok(())
+                    }
+                    Ok(_) => Err(true),
+                    Err(e) if lease_gone(&e) => Err(true),
+                    Err(_) => Err(false),
+                }
+            };
+            let outcome = tokio::select! {
+                _ = self.gone.cancelled() => return,
+                o = step => o,
+            };
+            match outcome {
+                Ok(()) => pause = Duration::from_millis(50),
+                Err(true) => {
+                    self.close("etcd revoked or expired the session lease");
+                    return;
+                }
+                Err(false) => {
+                    tokio::select! {
+                        _ = self.gone.cancelled() => return,
+                        _ = sleep(pause) => {}
+                    }
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
     /// Starts one keepalive exchange; opening the stream counts as one.
     fn send(
         &self,
@@ -533,6 +616,30 @@ impl Session {
         let fut = exchange(self.conn.clone(), self.id, conn, limit).boxed();
         (sent, fut)
     }
+}
+
+/// The key a session keeps on its lease to learn of the lease's end; see
+/// the module docs.
+pub(crate) fn sentinel_key(prefix: &str, id: i64) -> String {
+    format!("{prefix}\0polylock-session/{id:x}")
+}
+
+/// Puts the sentinel `key` on lease `id`; the revision of the put.
+///
+/// # Cancel safety
+/// Cancel safe: a put of the same empty value, repeatable.
+async fn put_sentinel(conn: &Conn, key: &str, id: i64) -> Result<i64, LockError> {
+    let txn = Txn::new().and_then(vec![TxnOp::put(
+        key,
+        "",
+        Some(PutOptions::new().with_lease(id)),
+    )]);
+    let r = conn
+        .txn("watching the session lease", Retry::Any, txn)
+        .await?;
+    r.header().map(|h| h.revision()).ok_or_else(|| {
+        crate::errors::unexpected("watching the session lease", "the answer has no header")
+    })
 }
 
 async fn sleep_until_opt(at: Option<Instant>) {

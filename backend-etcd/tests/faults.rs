@@ -14,7 +14,7 @@ use common::{
     acquire_waiting, client, hold, keepalives, leader_index, lock_and_unlock, name, returns_within,
     url_of,
 };
-use lock_core::{LockGuard, Locker};
+use lock_core::{LockBackend, LockGuard, Locker};
 use testkit::{EtcdCluster, EtcdServer, Mode, Proxy};
 use tokio::time::{sleep, timeout, Instant};
 
@@ -345,4 +345,51 @@ async fn reset_connections_fire_lost_by_the_deadline() {
         healed.elapsed()
     );
     again.release().await.unwrap();
+}
+
+/// The create of a waiting acquire reaches etcd but its answer comes after
+/// the op timeout: the claim exists under this client's session. The retry
+/// must recognise or clean up its own claim, not wait behind it for the
+/// TTL (issue 9, item 6: etcd already did; this pins it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_answer_was_late_is_not_waited_for() {
+    let _serial = SERIAL.lock().await;
+    let server = EtcdServer::start().expect("etcd");
+    let proxy = Proxy::start(server.addr()).expect("proxy");
+    let (_c, c) = client_via(&proxy).await;
+    let (direct, _) = client(&url_of(&[server.endpoint()])).await;
+    let ttl = Duration::from_secs(30);
+    // The session exists before the delay, so only the create is slow.
+    lock_and_unlock(&c, name("warm")).await;
+    let lock = name("late-answer");
+    proxy.set_mode(Mode::Delay(Duration::from_millis(700)));
+    let waiting = tokio::spawn({
+        let (c, lock) = (c.clone(), lock.clone());
+        async move {
+            c.lock(&lock)
+                .ttl(ttl)
+                .wait(Duration::from_secs(40))
+                .acquire()
+                .await
+        }
+    });
+    let lock_name = lock_core::LockName::new(&lock).unwrap();
+    let started = Instant::now();
+    while direct.inspect(&lock_name).await.unwrap().is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the create never ran"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    sleep(Duration::from_millis(1500)).await;
+    proxy.set_mode(Mode::Pass);
+    let guard = timeout(Duration::from_secs(15), waiting)
+        .await
+        .expect("the retry waited for its own claim")
+        .unwrap()
+        .expect("granted");
+    let holder = direct.inspect(&lock_name).await.unwrap().expect("held");
+    assert_eq!(holder.fence, Some(guard.fence()));
+    guard.release().await.unwrap();
 }

@@ -366,3 +366,131 @@ async fn a_forged_lease_on_the_holders_own_client_changes_nothing() {
     backend.release(&renewed).await.unwrap();
     assert_eq!(backend.sessions()[0].held, 0);
 }
+
+/// A holder whose claim was deleted by someone else (force release) while
+/// B took the lock, worked and released: A's release and renew say Lost,
+/// since its critical section was not exclusive. A holder that stopped
+/// renewing, whose session reaped the claim, likewise. Releasing one's
+/// own release again stays `Ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_someone_else_held_says_lost() {
+    let (_server, _endpoints, url) = server();
+    let (a, _) = client(&url).await;
+    let (b, _) = client(&url).await;
+    let lock = name("overlap");
+    let ttl = Duration::from_secs(10);
+    let held_a = a
+        .try_acquire(&request(&lock, ttl))
+        .await
+        .unwrap()
+        .expect("A");
+    assert!(b.force_release(held_a.name()).await.unwrap());
+    let held_b = b
+        .try_acquire(&request(&lock, ttl))
+        .await
+        .unwrap()
+        .expect("B");
+    b.release(&held_b).await.unwrap();
+    let r = a.renew(&held_a).await;
+    assert!(r.as_ref().is_err_and(|e| e.is_lost()), "renew: {r:?}");
+    let r = a.release(&held_a).await;
+    assert!(r.as_ref().is_err_and(|e| e.is_lost()), "release: {r:?}");
+    b.release(&held_b).await.expect("B's second release");
+
+    // A stops renewing: its session deletes the claim at the TTL; B holds
+    // and releases in between.
+    let short = Duration::from_secs(2);
+    let held_a = a
+        .try_acquire(&request(&lock, short))
+        .await
+        .unwrap()
+        .expect("A again");
+    let started = Instant::now();
+    let held_b = loop {
+        if let Some(l) = b.try_acquire(&request(&lock, ttl)).await.unwrap() {
+            break l;
+        }
+        assert!(started.elapsed() < short * 4, "A's claim was never reaped");
+        sleep(Duration::from_millis(100)).await;
+    };
+    b.release(&held_b).await.unwrap();
+    let r = a.release(&held_a).await;
+    assert!(
+        r.as_ref().is_err_and(|e| e.is_lost()),
+        "release after reap: {r:?}"
+    );
+}
+
+/// A lease revoked behind the client's back: every lease of that session
+/// is marked revoked within a fraction of a keepalive interval (TTL/3 =
+/// 10 s here), from the watch on the session's own key, not at the next
+/// keepalive or renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_session_lease_revokes_its_leases_at_once() {
+    let (_server, endpoints, url) = server();
+    let (backend, _) = client(&url).await;
+    let base = name("pushed");
+    let ttl = Duration::from_secs(30);
+    let mut leases = Vec::new();
+    for i in 0..3 {
+        let l = backend
+            .try_acquire(&request(&format!("{base}/{i}"), ttl))
+            .await
+            .unwrap()
+            .expect("free");
+        leases.push(l);
+    }
+    assert!(leases.iter().all(|l| l.revocation().is_some()));
+    // The sentinel key is in place once the watch is up; give it a moment
+    // on a busy machine.
+    sleep(Duration::from_millis(500)).await;
+    assert!(leases.iter().all(|l| !l.is_revoked()));
+    let id = backend.sessions()[0].lease_id;
+    let mut raw = etcd_client::Client::connect(&endpoints, None)
+        .await
+        .expect("etcd client");
+    raw.lease_revoke(id).await.expect("revoke");
+    let revoked_at = Instant::now();
+    timeout(
+        Duration::from_secs(3),
+        leases[0].revocation().unwrap().cancelled(),
+    )
+    .await
+    .expect("the lease's revocation fired well before the next keepalive");
+    println!("revoked {:?} after the revoke", revoked_at.elapsed());
+    assert!(leases.iter().all(|l| l.is_revoked()));
+    let r = backend.renew(&leases[1]).await;
+    assert!(r.as_ref().is_err_and(|e| e.is_lost()), "{r:?}");
+}
+
+/// A session that ends on the client's side (the client is dropped)
+/// revokes its leases' tokens at once; a lease of another session is not
+/// touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_session_revokes_its_leases() {
+    let (_server, _endpoints, url) = server();
+    let (gone, _) = client(&url).await;
+    let (stays, _) = client(&url).await;
+    let base = name("closed");
+    let ttl = Duration::from_secs(30);
+    let mine = gone
+        .try_acquire(&request(&format!("{base}/a"), ttl))
+        .await
+        .unwrap()
+        .unwrap();
+    let other = stays
+        .try_acquire(&request(&format!("{base}/b"), ttl))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!mine.is_revoked());
+    drop(gone);
+    assert!(mine.is_revoked(), "dropping the client ends its session");
+    sleep(Duration::from_millis(300)).await;
+    assert!(!other.is_revoked(), "another client's lease was revoked");
+    stays
+        .renew(&other)
+        .await
+        .expect("the other client still holds");
+    stays.release(&other).await.unwrap();
+}

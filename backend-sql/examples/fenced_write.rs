@@ -10,8 +10,9 @@
 //! out process, a SIGSTOP) for longer than its TTL. The lock expires, worker
 //! B takes it (with a higher fencing token) and writes. A wakes up and
 //! writes too, unaware. Because both writes go through
-//! `SqlBackend::fenced`, the database refuses A's: its token is older than
-//! one it already accepted for this resource.
+//! `SqlBackend::fenced`, the database refuses A's: the lock row, checked in
+//! the write's own transaction, shows B's newer holding (and A's token is
+//! older than one already accepted for this resource).
 
 use std::time::Duration;
 
@@ -66,7 +67,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     println!("B holds the lock with token {}", b.fence());
     let wrote = backend
-        .fenced("report", b.fence())
+        .fenced(&b.lease())
         .statement(update.clone(), ["written by B".into(), 1i64.into()])
         .execute()
         .await?;
@@ -74,7 +75,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // A wakes up and writes with its old token: refused.
     let late = backend
-        .fenced("report", a.fence())
+        .fenced(&a.lease())
         .statement(update, ["written by A".into(), 1i64.into()])
         .execute()
         .await?;

@@ -1,14 +1,15 @@
 //! The [`LockBackend`] over a SQL lock table.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_core::{
     async_trait, wait, AcquireRequest, FencingToken, Guarantees, HolderInfo, Lease, LockBackend,
-    LockError, LockName,
+    LockError, LockName, OwnerToken,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -21,7 +22,7 @@ use tokio::time::Instant;
 
 use crate::config::SqlConfig;
 use crate::dialect::{guarantees, Dialect, Statements};
-use crate::errors::{is_conflict, ErrorContext};
+use crate::errors::{is_broken_connection, is_conflict, ErrorContext};
 use crate::schema;
 use crate::wait::{backoff, NotifyHub};
 
@@ -47,7 +48,12 @@ pub struct SqlBackend {
 
 struct Inner {
     config: SqlConfig,
+    /// Acquisitions (waiting or not), inspections and fenced writes.
     pools: Pools,
+    /// Renewals and releases only, so that they never queue behind waiters
+    /// (a waiter whose statement is stuck in the database holds its
+    /// connection until the operation timeout).
+    upkeep: Pools,
     sql: Statements,
     errors: ErrorContext,
     guarantees: Guarantees,
@@ -55,6 +61,15 @@ struct Inner {
     hub: Option<NotifyHub>,
     /// Set once the fence table is known to exist.
     fences_ready: OnceCell<()>,
+    /// Acquisitions whose statement may have run without us seeing the
+    /// answer (a timeout, a broken connection), until the TTL they asked
+    /// for has passed; see [`SqlBackend::try_acquire`].
+    unsure: Mutex<HashMap<(LockName, OwnerToken), Instant>>,
+}
+
+/// The connections of the upkeep pool for a main pool of `pool_size`.
+fn upkeep_size(pool_size: u32) -> u32 {
+    pool_size.div_ceil(4).clamp(1, 4)
 }
 
 pub(crate) enum Pools {
@@ -168,7 +183,7 @@ impl SqlBackend {
         let sql = Statements::new(dialect, &config.table, &config.fence_table);
         let limit = config.connect_timeout;
         let mut hub = None;
-        let pools = match dialect {
+        let (pools, upkeep) = match dialect {
             Dialect::Sqlite => {
                 let path = config.sqlite_path.clone().unwrap_or_default();
                 let options = SqliteConnectOptions::new()
@@ -195,39 +210,54 @@ impl SqlBackend {
                         done => break done?,
                     }
                 }
-                Pools::Sqlite(
-                    SqlitePoolOptions::new()
-                        .max_connections(config.pool_size)
-                        .acquire_timeout(config.op_timeout)
-                        // An in-process file handle cannot go stale.
-                        .test_before_acquire(false)
-                        .connect_lazy_with(options),
-                )
+                let pool = |size| {
+                    Pools::Sqlite(
+                        SqlitePoolOptions::new()
+                            .max_connections(size)
+                            .acquire_timeout(config.op_timeout)
+                            // An in-process file handle cannot go stale.
+                            .test_before_acquire(false)
+                            .connect_lazy_with(options.clone()),
+                    )
+                };
+                (pool(config.pool_size), pool(upkeep_size(config.pool_size)))
             }
             Dialect::Postgres => {
                 let options = PgConnectOptions::from_str(&config.driver_url)
                     .map_err(|e| config_error(&errors, e))?;
                 create_lock_table(&options, &config, &sql, &errors).await?;
                 hub = Some(NotifyHub::new(options.clone(), sql.channel.clone(), limit));
-                Pools::Postgres(
-                    PgPoolOptions::new()
-                        .max_connections(config.pool_size)
-                        .acquire_timeout(limit)
-                        .idle_timeout(Some(Duration::from_secs(60)))
-                        .connect_lazy_with(options),
-                )
+                let pool = |size| {
+                    Pools::Postgres(
+                        PgPoolOptions::new()
+                            .max_connections(size)
+                            .acquire_timeout(limit)
+                            .idle_timeout(Some(Duration::from_secs(60)))
+                            // No ping per statement (a round trip each): a
+                            // dead connection fails its statement, which
+                            // `run` then sends again on a fresh one.
+                            .test_before_acquire(false)
+                            .connect_lazy_with(options.clone()),
+                    )
+                };
+                (pool(config.pool_size), pool(upkeep_size(config.pool_size)))
             }
             Dialect::MySql => {
                 let options = MySqlConnectOptions::from_str(&config.driver_url)
                     .map_err(|e| config_error(&errors, e))?;
                 create_lock_table(&options, &config, &sql, &errors).await?;
-                Pools::MySql(
-                    MySqlPoolOptions::new()
-                        .max_connections(config.pool_size)
-                        .acquire_timeout(limit)
-                        .idle_timeout(Some(Duration::from_secs(60)))
-                        .connect_lazy_with(options),
-                )
+                let pool = |size| {
+                    Pools::MySql(
+                        MySqlPoolOptions::new()
+                            .max_connections(size)
+                            .acquire_timeout(limit)
+                            .idle_timeout(Some(Duration::from_secs(60)))
+                            // As for PostgreSQL: no ping per statement.
+                            .test_before_acquire(false)
+                            .connect_lazy_with(options.clone()),
+                    )
+                };
+                (pool(config.pool_size), pool(upkeep_size(config.pool_size)))
             }
         };
         tracing::debug!(
@@ -241,10 +271,12 @@ impl SqlBackend {
                 guarantees: guarantees(dialect),
                 config,
                 pools,
+                upkeep,
                 sql,
                 errors,
                 hub,
                 fences_ready: OnceCell::new(),
+                unsure: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -265,9 +297,11 @@ impl SqlBackend {
     /// Cancel safe: the pool is closed either way; connections still in use
     /// close when returned.
     pub async fn close(&self) {
-        pool_match!(&self.inner.pools, {
-            Sqlite(p) | Postgres(p) | MySql(p) => p.close().await,
-        })
+        for pools in [&self.inner.pools, &self.inner.upkeep] {
+            pool_match!(pools, {
+                Sqlite(p) | Postgres(p) | MySql(p) => p.close().await,
+            })
+        }
     }
 
     pub(crate) fn pools(&self) -> &Pools {
@@ -310,24 +344,59 @@ impl SqlBackend {
             .map(|_| ())
     }
 
-    /// Runs one database operation with the operation timeout, running it
-    /// again (at once, a few times) when a deadlock or serialization failure
-    /// rolled it back.
-    pub(crate) async fn run<T, F, Fut>(&self, op: &str, mut f: F) -> Result<T, LockError>
+    /// Runs one database operation within the operation timeout. Runs it
+    /// again at once when a deadlock or serialization failure rolled it back
+    /// (a few times), and when it failed on a broken connection (as many
+    /// times as the pools have connections, since each may be one that died
+    /// with a server restart): the pools do not ping connections before
+    /// handing them out. Only for operations that are safe to send twice;
+    /// see [`run_once_sent`](Self::run_once_sent).
+    pub(crate) async fn run<T, F, Fut>(&self, op: &str, f: F) -> Result<T, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        let broken = self.inner.config.pool_size + upkeep_size(self.inner.config.pool_size) + 1;
+        self.run_with(op, broken as usize, f).await
+    }
+
+    /// As [`run`](Self::run), but a statement that failed on a broken
+    /// connection is not sent again (the error is retryable): for writes
+    /// that must not be applied twice. Such operations retry the steps that
+    /// are safe to repeat themselves.
+    pub(crate) async fn run_once_sent<T, F, Fut>(&self, op: &str, f: F) -> Result<T, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        self.run_with(op, 0, f).await
+    }
+
+    async fn run_with<T, F, Fut>(
+        &self,
+        op: &str,
+        broken_retries: usize,
+        mut f: F,
+    ) -> Result<T, LockError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, sqlx::Error>>,
     {
         let limit = self.inner.config.op_timeout;
+        let until = Instant::now() + limit;
         let dialect = self.inner.config.dialect;
-        let mut attempt = 0;
+        let (mut conflicts, mut broken) = (0, 0);
         loop {
-            attempt += 1;
-            match tokio::time::timeout(limit, f()).await {
+            match tokio::time::timeout_at(until, f()).await {
                 Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if attempt < CONFLICT_RETRIES && is_conflict(dialect, &e) => {
+                Ok(Err(e)) if conflicts + 1 < CONFLICT_RETRIES && is_conflict(dialect, &e) => {
+                    conflicts += 1;
                     tracing::debug!(op, error = %e, "polylock sql: conflict, running again");
                     tokio::task::yield_now().await;
+                }
+                Ok(Err(e)) if broken < broken_retries && is_broken_connection(dialect, &e) => {
+                    broken += 1;
+                    tracing::debug!(op, error = %e, "polylock sql: broken connection, running again");
                 }
                 Ok(Err(e)) => return Err(self.inner.errors.map(op, e)),
                 Err(_) => return Err(self.inner.errors.timed_out(op, limit)),
@@ -349,30 +418,59 @@ impl SqlBackend {
         })
     }
 
-    /// Whether someone holds `name` right now (by the database clock).
-    async fn is_live(&self, name: &LockName) -> Result<bool, LockError> {
-        let sql = &self.inner.sql.is_live;
+    /// The version of `name`'s row and whether it is free (`None`: no
+    /// row), read on the upkeep pool: the release path.
+    async fn after_release(&self, name: &LockName) -> Result<Option<(u64, bool)>, LockError> {
+        let sql = &self.inner.sql.after_release;
         let name = name.as_str();
         self.run("release", || async move {
-            Ok(match &self.inner.pools {
-                Pools::Postgres(p) => sqlx::query_scalar::<_, bool>(q(sql))
+            Ok(match &self.inner.upkeep {
+                Pools::Postgres(p) => sqlx::query_as::<_, (i64, bool)>(q(sql))
                     .bind(name)
                     .fetch_optional(p)
                     .await?
-                    .unwrap_or(false),
-                Pools::Sqlite(p) => sqlx::query_scalar::<_, i64>(q(sql))
+                    .map(|(v, free)| (v.max(0) as u64, free)),
+                Pools::Sqlite(p) => sqlx::query_as::<_, (i64, i64)>(q(sql))
                     .bind(name)
                     .fetch_optional(p)
                     .await?
-                    .is_some_and(|v| v != 0),
-                Pools::MySql(p) => sqlx::query_scalar::<_, i64>(q(sql))
+                    .map(|(v, free)| (v.max(0) as u64, free != 0)),
+                Pools::MySql(p) => sqlx::query_as::<_, (u64, i64)>(q(sql))
                     .bind(name.as_bytes())
                     .fetch_optional(p)
                     .await?
-                    .is_some_and(|v| v != 0),
+                    .map(|(v, free)| (v, free != 0)),
             })
         })
         .await
+    }
+
+    fn unsure(&self) -> std::sync::MutexGuard<'_, HashMap<(LockName, OwnerToken), Instant>> {
+        // Critical sections are single map operations.
+        self.inner.unsure.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether an earlier attempt for this name and owner may have taken
+    /// the row without an answer, and its row may still be live.
+    fn was_unsure(&self, attempt: &(LockName, OwnerToken)) -> bool {
+        self.unsure()
+            .get(attempt)
+            .is_some_and(|until| Instant::now() < *until)
+    }
+
+    /// Records an attempt whose row, if it ran, lives until `until`.
+    fn mark_unsure(&self, attempt: &(LockName, OwnerToken), until: Instant) {
+        let mut unsure = self.unsure();
+        let now = Instant::now();
+        // Past their TTL, orphans expire by themselves.
+        unsure.retain(|_, t| *t > now);
+        let t = unsure.entry(attempt.clone()).or_insert(until);
+        *t = (*t).max(until);
+    }
+
+    /// The attempt got an answer: nothing of it is unknown.
+    fn settle(&self, attempt: &(LockName, OwnerToken)) {
+        self.unsure().remove(attempt);
     }
 
     fn lost(lease: &Lease) -> LockError {
@@ -382,59 +480,110 @@ impl SqlBackend {
     }
 }
 
+/// An acquire attempt in flight; see [`SqlBackend::try_acquire`].
+struct Pending<'a> {
+    backend: &'a SqlBackend,
+    attempt: (LockName, OwnerToken),
+    until: Instant,
+    answered: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.backend.mark_unsure(&self.attempt, self.until);
+        }
+    }
+}
+
 #[async_trait]
 impl LockBackend for SqlBackend {
     /// One conditional upsert; see the crate docs for the statement.
     ///
+    /// An attempt that failed after its statement may have reached the
+    /// database (an operation timeout, a broken connection) may have taken
+    /// the row with nobody told. The next attempt of this client for the
+    /// same name and owner (the retry of a waiting acquire, or the caller's
+    /// own) therefore also takes a live row held under its own owner, so
+    /// it does not wait a TTL for its own orphan. The version goes up as
+    /// for any grant, so the orphan's holding is superseded.
+    ///
     /// # Cancel safety
     /// Not cancel safe: if dropped after the statement was sent, the row may
-    /// have been taken with nobody holding the lease; it expires at its TTL.
+    /// have been taken with nobody holding the lease; it expires at its TTL
+    /// (or is taken back by the next attempt, as above).
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         // Measured before the statement leaves, so the local deadline is
         // never later than the database's expiry.
         let sent_at = Instant::now();
         let (granted, units) = self.granted_ttl(req.ttl);
+        let attempt = (req.name.clone(), req.owner);
+        let mut unsure = self.was_unsure(&attempt);
+        // Marks the attempt unsure unless it gets an answer: on an error,
+        // and when this future is dropped mid-statement.
+        let mut pending = Pending {
+            backend: self,
+            attempt,
+            until: sent_at + granted,
+            answered: false,
+        };
         let owner = req.owner.to_string();
-        let (name, owner, sql) = (req.name.as_str(), owner.as_str(), &self.inner.sql.acquire);
-        let won: Option<u64> = pool_match!(&self.inner.pools, {
+        let (name, owner, sql) = (req.name.as_str(), owner.as_str(), &self.inner.sql);
+        // Each send after the first (a broken connection) may follow one
+        // that ran: it takes back our own row too.
+        let mut statement = || {
+            let s = if unsure { &sql.reclaim } else { &sql.acquire };
+            unsure = true;
+            s
+        };
+        let won: Result<Option<u64>, LockError> = pool_match!(&self.inner.pools, {
             Postgres(p) | Sqlite(p) => self
-                .run("acquire", || async move {
-                    sqlx::query_scalar::<_, i64>(q(sql))
-                        .bind(name)
-                        .bind(owner)
-                        .bind(units)
-                        .fetch_optional(p)
-                        .await
+                .run("acquire", || {
+                    let sql = statement();
+                    async move {
+                        sqlx::query_scalar::<_, i64>(q(sql))
+                            .bind(name)
+                            .bind(owner)
+                            .bind(units)
+                            .fetch_optional(p)
+                            .await
+                    }
                 })
-                .await?
-                .map(|v| u64::try_from(v).unwrap_or(0)),
-            MySql(p) => {
-                let done = self
-                    .run("acquire", || async move {
+                .await
+                .map(|v| v.map(|v| u64::try_from(v).unwrap_or(0))),
+            MySql(p) => self
+                .run("acquire", || {
+                    let sql = statement();
+                    async move {
                         sqlx::query(q(sql))
                             .bind(name.as_bytes())
                             .bind(owner.as_bytes())
                             .bind(units)
                             .execute(p)
                             .await
-                    })
-                    .await?;
-                // LAST_INSERT_ID(expr) carries the outcome (see dialect.rs).
-                // Cross-check it with the affected-row count (with
-                // CLIENT_FOUND_ROWS: 1 inserted, 2 updated, 1 unchanged).
-                match (done.last_insert_id(), done.rows_affected()) {
-                    (0, 1) => None,
-                    (1, 1) => Some(1),
-                    (v, 2) if v > 0 => Some(v),
-                    (v, n) => {
-                        return Err(self.inner.errors.protocol(
+                    }
+                })
+                .await
+                .and_then(|done| {
+                    // LAST_INSERT_ID(expr) carries the outcome (see
+                    // dialect.rs). Cross-check it with the affected-row
+                    // count (with CLIENT_FOUND_ROWS: 1 inserted, 2 updated,
+                    // 1 unchanged).
+                    match (done.last_insert_id(), done.rows_affected()) {
+                        (0, 1) => Ok(None),
+                        (1, 1) => Ok(Some(1)),
+                        (v, 2) if v > 0 => Ok(Some(v)),
+                        (v, n) => Err(self.inner.errors.protocol(
                             "acquire",
                             format!("unexpected outcome: version {v}, {n} rows affected"),
-                        ))
+                        )),
                     }
-                }
-            }
+                }),
         });
+        // An answer (either way) settles it; an error leaves it unsure.
+        let won = won?;
+        pending.answered = true;
+        self.settle(&pending.attempt);
         match won {
             Some(version) => {
                 let fence = self.fence("acquire", version)?;
@@ -478,7 +627,7 @@ impl LockBackend for SqlBackend {
         let (name, owner, sql) = (lease.name().as_str(), owner.as_str(), &self.inner.sql.renew);
         let rows = self
             .run("renew", || async move {
-                Ok(pool_match!(&self.inner.pools, {
+                Ok(pool_match!(&self.inner.upkeep, {
                     Postgres(p) | Sqlite(p) => sqlx::query(q(sql))
                         .bind(name)
                         .bind(owner)
@@ -506,8 +655,11 @@ impl LockBackend for SqlBackend {
     }
 
     /// Frees the row if owner and version match (PostgreSQL: and notifies
-    /// waiters in the same statement). Otherwise `Ok` if nobody holds it,
-    /// `Err(Lost)` if someone else does.
+    /// waiters in the same statement). Otherwise `Err(Lost)` if the lock was
+    /// granted to anyone after this holding (the row's version is higher,
+    /// whether or not they still hold it) or the row is held under another
+    /// owner, and `Ok` if the row is free at this version (released before,
+    /// or force-released and not taken since).
     ///
     /// # Cancel safety
     /// Cancel safe: the row was freed or not; it expires at its TTL.
@@ -522,7 +674,7 @@ impl LockBackend for SqlBackend {
         );
         let freed = self
             .run("release", || async move {
-                Ok(match &self.inner.pools {
+                Ok(match &self.inner.upkeep {
                     Pools::Postgres(p) => sqlx::query(q(sql))
                         .bind(name)
                         .bind(owner)
@@ -548,10 +700,20 @@ impl LockBackend for SqlBackend {
                 })
             })
             .await?;
-        if freed > 0 || !self.is_live(lease.name()).await? {
-            Ok(())
-        } else {
-            Err(Self::lost(lease))
+        if freed > 0 {
+            return Ok(());
+        }
+        // Not freed: the row is no longer this holding. The version says
+        // whether anyone was granted the lock since (it goes up with every
+        // grant and never back): then the critical section was not
+        // exclusive, and the caller must hear it. The same version on a
+        // free row means we released it already, or it was force-released
+        // with nobody taking it since; on a row with another owner, the
+        // lease was never this one's (forged).
+        match self.after_release(lease.name()).await? {
+            None => Ok(()),
+            Some((v, free)) if v == version && free => Ok(()),
+            Some(_) => Err(Self::lost(lease)),
         }
     }
 
@@ -637,7 +799,17 @@ impl LockBackend for SqlBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lock_core::OwnerToken;
+
+    /// docs/sql.md: renewals and releases get `ceil(pool_size / 4)`
+    /// connections of their own, at most 4.
+    #[test]
+    fn upkeep_pool_sizes() {
+        assert_eq!(upkeep_size(1), 1);
+        assert_eq!(upkeep_size(4), 1);
+        assert_eq!(upkeep_size(8), 2);
+        assert_eq!(upkeep_size(9), 3);
+        assert_eq!(upkeep_size(100), 4);
+    }
 
     fn request(name: &str) -> AcquireRequest {
         AcquireRequest::new(

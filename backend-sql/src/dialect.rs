@@ -228,8 +228,19 @@ pub(crate) struct Statements {
     /// Binds: name, owner, version (PG: + notify channel). PG returns a row
     /// per freed row; others report rows affected.
     pub(crate) release: Arc<str>,
-    /// Binds: name. Returns one integer/bool: whether someone holds it.
-    pub(crate) is_live: Arc<str>,
+    /// As `acquire`, but also takes a live row held under the same owner:
+    /// for a retry after an attempt whose answer was lost (see
+    /// `SqlBackend::try_acquire`).
+    pub(crate) reclaim: Arc<str>,
+    /// Binds: name. Returns the row's version.
+    pub(crate) version_of: Arc<str>,
+    /// Binds: name. Returns the row's version and whether it is free
+    /// (`owner IS NULL`): what a release that matched nothing looks at.
+    pub(crate) after_release: Arc<str>,
+    /// Binds: name, owner, version. Returns a row when that holding is live
+    /// by the database clock, and locks the row until the end of the
+    /// transaction (PG, MySQL; SQLite's write transaction locks the file).
+    pub(crate) holding: Arc<str>,
     /// Binds: name. Returns owner, version, time left in units.
     pub(crate) inspect: Arc<str>,
     /// Binds: name (PG: + notify channel).
@@ -272,6 +283,15 @@ impl Statements {
                          WHERE {t}.owner IS NULL OR {t}.expires_at <= {now} \
                          RETURNING version"
                     )),
+                    reclaim: s(format!(
+                        "INSERT INTO {t} (name, owner, version, expires_at) \
+                         VALUES (?1, ?2, 1, {now} + ?3) \
+                         ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, \
+                         version = {t}.version + 1, expires_at = excluded.expires_at \
+                         WHERE {t}.owner IS NULL OR {t}.expires_at <= {now} \
+                         OR {t}.owner = excluded.owner \
+                         RETURNING version"
+                    )),
                     renew: s(format!(
                         "UPDATE {t} SET expires_at = {now} + ?4 \
                          WHERE name = ?1 AND owner = ?2 AND version = ?3 AND expires_at > {now}"
@@ -280,8 +300,13 @@ impl Statements {
                         "UPDATE {t} SET owner = NULL, expires_at = {now} \
                          WHERE name = ?1 AND owner = ?2 AND version = ?3"
                     )),
-                    is_live: s(format!(
-                        "SELECT owner IS NOT NULL AND expires_at > {now} FROM {t} WHERE name = ?1"
+                    version_of: s(format!("SELECT version FROM {t} WHERE name = ?1")),
+                    after_release: s(format!(
+                        "SELECT version, owner IS NULL FROM {t} WHERE name = ?1"
+                    )),
+                    holding: s(format!(
+                        "SELECT version FROM {t} WHERE name = ?1 AND owner = ?2 \
+                         AND version = ?3 AND expires_at > {now}"
                     )),
                     inspect: s(format!(
                         "SELECT owner, version, expires_at - {now} FROM {t} \
@@ -320,6 +345,16 @@ impl Statements {
                          RETURNING version",
                         exp = ttl("$3")
                     )),
+                    reclaim: s(format!(
+                        "INSERT INTO {t} AS l (name, owner, version, expires_at) \
+                         VALUES ($1, $2, 1, {exp}) \
+                         ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, \
+                         version = l.version + 1, expires_at = {exp} \
+                         WHERE l.owner IS NULL OR l.expires_at <= {now} \
+                         OR l.owner = EXCLUDED.owner \
+                         RETURNING version",
+                        exp = ttl("$3")
+                    )),
                     renew: s(format!(
                         "UPDATE {t} SET expires_at = {exp} \
                          WHERE name = $1 AND owner = $2 AND version = $3 AND expires_at > {now}",
@@ -332,8 +367,15 @@ impl Statements {
                          WHERE name = $1 AND owner = $2 AND version = $3 RETURNING name) \
                          SELECT pg_notify($4, name)::text FROM freed"
                     )),
-                    is_live: s(format!(
-                        "SELECT owner IS NOT NULL AND expires_at > {now} FROM {t} WHERE name = $1"
+                    version_of: s(format!("SELECT version FROM {t} WHERE name = $1")),
+                    after_release: s(format!(
+                        "SELECT version, owner IS NULL FROM {t} WHERE name = $1"
+                    )),
+                    // FOR SHARE: an acquirer taking the row (expired by
+                    // now or not) waits for the fenced write to commit.
+                    holding: s(format!(
+                        "SELECT version FROM {t} WHERE name = $1 AND owner = $2 \
+                         AND version = $3 AND expires_at > {now} FOR SHARE"
                     )),
                     inspect: s(format!(
                         "SELECT owner, version, \
@@ -388,6 +430,18 @@ impl Statements {
                          expires_at = IF(LAST_INSERT_ID() <> 0, VALUES(expires_at), expires_at), \
                          owner = IF(LAST_INSERT_ID() <> 0, VALUES(owner), owner)"
                     )),
+                    // `owner` still holds the old value when `version` is
+                    // decided (it is assigned last).
+                    reclaim: s(format!(
+                        "INSERT INTO {t} (name, owner, version, expires_at) \
+                         VALUES (?, ?, LAST_INSERT_ID(1), {now} + INTERVAL ? MICROSECOND) \
+                         ON DUPLICATE KEY UPDATE \
+                         version = IF(owner IS NULL OR expires_at <= {now} \
+                           OR owner = VALUES(owner), \
+                           LAST_INSERT_ID(version + 1), version + LAST_INSERT_ID(0)), \
+                         expires_at = IF(LAST_INSERT_ID() <> 0, VALUES(expires_at), expires_at), \
+                         owner = IF(LAST_INSERT_ID() <> 0, VALUES(owner), owner)"
+                    )),
                     renew: s(format!(
                         "UPDATE {t} SET expires_at = {now} + INTERVAL ? MICROSECOND \
                          WHERE name = ? AND owner = ? AND version = ? AND expires_at > {now}"
@@ -396,8 +450,13 @@ impl Statements {
                         "UPDATE {t} SET owner = NULL, expires_at = {now} \
                          WHERE name = ? AND owner = ? AND version = ?"
                     )),
-                    is_live: s(format!(
-                        "SELECT owner IS NOT NULL AND expires_at > {now} FROM {t} WHERE name = ?"
+                    version_of: s(format!("SELECT version FROM {t} WHERE name = ?")),
+                    after_release: s(format!(
+                        "SELECT version, owner IS NULL FROM {t} WHERE name = ?"
+                    )),
+                    holding: s(format!(
+                        "SELECT version FROM {t} WHERE name = ? AND owner = ? \
+                         AND version = ? AND expires_at > {now} LOCK IN SHARE MODE"
                     )),
                     inspect: s(format!(
                         "SELECT owner, version, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at) \

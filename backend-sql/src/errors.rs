@@ -169,6 +169,27 @@ pub(crate) fn is_conflict(dialect: Dialect, e: &sqlx::Error) -> bool {
     }
 }
 
+/// Whether the connection broke under the statement (a peer that went
+/// away, a server that restarted or is shutting down), so that the same
+/// statement may succeed at once on another connection. Whether it ran
+/// before the break is unknown: only statements safe to send twice are
+/// sent again (see `SqlBackend::run`).
+pub(crate) fn is_broken_connection(dialect: Dialect, e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => match dialect {
+            Dialect::Postgres => db
+                .code()
+                .is_some_and(|c| c.starts_with("08") || matches!(&*c, "57P01" | "57P02")),
+            Dialect::MySql => db
+                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                .is_some_and(|m| matches!(m.number(), 1053 | 1927 | 2006 | 2013 | 4031)),
+            Dialect::Sqlite => false,
+        },
+        _ => false,
+    }
+}
+
 /// Whether the same request may succeed if tried again: connection trouble,
 /// a busy or restarting server, lock conflicts. Syntax, permission and
 /// schema errors will not go away.
@@ -247,6 +268,15 @@ mod tests {
         let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert!(is_retryable(Dialect::Postgres, &io));
         assert!(!is_retryable(Dialect::Postgres, &sqlx::Error::PoolClosed));
+        assert!(is_broken_connection(Dialect::MySql, &io));
+        assert!(!is_broken_connection(
+            Dialect::Postgres,
+            &sqlx::Error::PoolTimedOut
+        ));
+        assert!(!is_broken_connection(
+            Dialect::Postgres,
+            &sqlx::Error::Protocol("bad".into())
+        ));
     }
 
     #[test]

@@ -5,15 +5,28 @@
 //! lock. The fencing token can: the database remembers, per resource, the
 //! highest token it accepted, and refuses a write carrying a lower one.
 //!
-//! [`SqlBackend::fenced`] does this in one transaction:
+//! [`SqlBackend::fenced`] (the exact check, the one to use) does this in
+//! one transaction, for a [`Lease`]:
 //!
-//! 1. record the token in the fence table (`polylock_fences(resource, token)`)
-//!    unless a HIGHER token was recorded before — an upsert guarded by
-//!    `WHERE token <= new_token`, which also locks the fence row until
-//!    commit, so writers of one resource are serialised;
-//! 2. if the token was refused: roll back and report
-//!    [`FenceOutcome::Stale`];
-//! 3. otherwise run the application's statements and commit.
+//! 1. check that the lock row still shows this holding: our owner, our
+//!    version, not expired by the DATABASE clock — and lock the row until
+//!    commit (PostgreSQL `FOR SHARE`, MySQL `LOCK IN SHARE MODE`, SQLite's
+//!    write transaction), so nobody can take the lock before the write
+//!    commits; otherwise roll back and report [`FenceOutcome::Stale`] (the
+//!    lock was granted again since) or [`FenceOutcome::NotHeld`] (released
+//!    or expired, not taken since);
+//! 2. record the token in the fence table (`polylock_fences(resource,
+//!    token)`) unless a HIGHER token was recorded before — an upsert
+//!    guarded by `WHERE token <= new_token`, which also locks the fence row
+//!    until commit, so writers of one resource are serialised; if refused,
+//!    roll back and report [`FenceOutcome::Stale`];
+//! 3. run the application's statements and commit.
+//!
+//! This is what etcd's `fenced_put` does with its claim key: a holder that
+//! was paused past its lease is refused even if nobody has written since.
+//! [`SqlBackend::fenced_token`] does step 2 and 3 only, for tokens that come
+//! from elsewhere: it refuses a stale token only once a newer one was
+//! recorded for the resource.
 //!
 //! The fence table lives in the same database as the lock table, so the
 //! application's tables must live there too for the check and the write to
@@ -35,23 +48,24 @@
 //! let guard = locker.lock("invoice-42").ttl(Duration::from_secs(10)).acquire().await?;
 //! // ... long work, during which the process may be paused ...
 //! let outcome = backend
-//!     .fenced("invoice-42", guard.fence())
+//!     .fenced(&guard.lease())
 //!     .statement("UPDATE invoices SET state = $1 WHERE id = $2", ["paid".into(), 42i64.into()])
 //!     .execute()
 //!     .await?;
-//! if let FenceOutcome::Stale { newer, .. } = outcome {
-//!     println!("refused: holder {newer} came after us; nothing was written");
+//! if !outcome.is_applied() {
+//!     println!("refused ({outcome:?}): the lock is not ours any more; nothing was written");
 //! }
 //! # Ok(()) }
 //! ```
 
 use std::sync::Arc;
 
-use lock_core::{FencingToken, LockError};
+use lock_core::{FencingToken, Lease, LockError};
 use sqlx::{AssertSqlSafe, Executor};
 
 use crate::backend::{Pools, SqlBackend};
 use crate::dialect::Dialect;
+use crate::errors::is_broken_connection;
 
 /// Runs the application's statements in `tx`, returning the rows affected.
 /// A macro because each driver has its own query and transaction types.
@@ -76,13 +90,44 @@ macro_rules! run_statements {
     }};
 }
 
-/// PostgreSQL and SQLite: in `tx`, records `token` for `resource` if no
-/// higher one was, then runs the statements and commits. The value of the
-/// fenced write's closure: `Ok(Ok(rows))`, or `Ok(Err(newer))` when refused.
+/// Opens a transaction with `$begin`, again on a fresh connection when the
+/// pooled one turns out broken: nothing was sent on it yet.
+macro_rules! begin {
+    ($dialect:expr, $begin:expr) => {{
+        let mut tries = 0;
+        loop {
+            match $begin.await {
+                Err(e) if tries < BEGIN_RETRIES && is_broken_connection($dialect, &e) => tries += 1,
+                other => break other?,
+            }
+        }
+    }};
+}
+
+/// PostgreSQL and SQLite: in `tx`, checks the holding (if any), records
+/// `token` for `resource` if no higher one was, then runs the statements
+/// and commits. The value of the fenced write's closure.
 macro_rules! check_then_run {
-    ($tx:ident, $check:expr, $read:expr, $resource:expr, $token:expr, $statements:expr) => {{
+    ($tx:ident, $sql:expr, $holding:expr, $resource:expr, $token:expr, $statements:expr) => {{
+        if let Some(h) = $holding {
+            let live = sqlx::query(AssertSqlSafe(Arc::clone(&$sql.holding)))
+                .bind($resource)
+                .bind(h.owner.as_str())
+                .bind($token)
+                .fetch_optional(&mut *$tx)
+                .await?
+                .is_some();
+            if !live {
+                let now: Option<i64> =
+                    sqlx::query_scalar(AssertSqlSafe(Arc::clone(&$sql.version_of)))
+                        .bind($resource)
+                        .fetch_optional(&mut *$tx)
+                        .await?;
+                return Ok(Err(Refused::Row(now.unwrap_or(0).max(0) as u64)));
+            }
+        }
         // The check returns a row when the token was recorded.
-        let ok = sqlx::query(AssertSqlSafe(Arc::clone($check)))
+        let ok = sqlx::query(AssertSqlSafe(Arc::clone(&$sql.fence_check)))
             .bind($resource)
             .bind($token)
             .fetch_optional(&mut *$tx)
@@ -93,13 +138,31 @@ macro_rules! check_then_run {
             $tx.commit().await?;
             Ok(Ok(rows))
         } else {
-            let newer: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone($read)))
+            let newer: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&$sql.fence_read)))
                 .bind($resource)
                 .fetch_one(&mut *$tx)
                 .await?;
-            Ok(Err(newer))
+            Ok(Err(Refused::Fence(newer.max(0) as u64)))
         }
     }};
+}
+
+/// How often a fenced write opens its transaction again on a fresh
+/// connection: as many as a pool may hold dead ones, at most.
+const BEGIN_RETRIES: usize = 16;
+
+/// Why a fenced write was refused (inside the closure).
+enum Refused {
+    /// A higher token is in the fence table.
+    Fence(u64),
+    /// The lock row does not show the holding; its version now (0: none).
+    Row(u64),
+}
+
+/// The holding an exact fenced write checks.
+#[derive(Debug)]
+struct Holding {
+    owner: String,
 }
 
 /// A value bound to a placeholder of a fenced statement.
@@ -184,8 +247,17 @@ pub enum FenceOutcome {
     Stale {
         /// The token this write carried.
         token: FencingToken,
-        /// The higher token already accepted.
+        /// The higher token: already accepted for this resource, or (for
+        /// [`SqlBackend::fenced`]) granted since by the lock row.
         newer: FencingToken,
+    },
+    /// [`SqlBackend::fenced`] only: the lock row no longer shows this
+    /// holding, and nobody was granted the lock since: it was released,
+    /// force-released, or expired by the database clock. Nothing was
+    /// written.
+    NotHeld {
+        /// The token this write carried.
+        token: FencingToken,
     },
 }
 
@@ -203,19 +275,50 @@ pub struct FencedWrite<'a> {
     backend: &'a SqlBackend,
     resource: String,
     token: FencingToken,
+    /// Set for the exact check ([`SqlBackend::fenced`]).
+    holding: Option<Holding>,
     statements: Vec<(Arc<str>, Vec<SqlValue>)>,
 }
 
 impl SqlBackend {
+    /// A write that commits only while `lease` still holds its lock: in the
+    /// write's own transaction, the lock row must show the lease's owner
+    /// and version, unexpired by the database clock (and stays locked until
+    /// commit), and the lease's token must be the highest recorded for the
+    /// lock's name in the fence table. The exact check, as etcd's
+    /// `fenced_put`; the one to use for writes made under a lock of this
+    /// client's database.
+    ///
+    /// The fence table's resource is the lock name.
+    pub fn fenced(&self, lease: &Lease) -> FencedWrite<'_> {
+        FencedWrite {
+            backend: self,
+            resource: lease.name().as_str().to_string(),
+            token: lease.fence(),
+            holding: Some(Holding {
+                owner: lease.owner().to_string(),
+            }),
+            statements: Vec::new(),
+        }
+    }
+
     /// A write to `resource` that the database refuses if a token higher
-    /// than `token` was accepted for it before. `resource` names what the
-    /// lock protects (usually the lock name); tokens of one resource must
-    /// come from one lock.
-    pub fn fenced(&self, resource: impl Into<String>, token: FencingToken) -> FencedWrite<'_> {
+    /// than `token` was accepted for it before; the lock row is not
+    /// consulted, so a holder paused past its lease is refused only once a
+    /// newer holder has written. For tokens that do not come from this
+    /// client's lock table; otherwise use [`fenced`](Self::fenced).
+    /// `resource` names what the lock protects (usually the lock name);
+    /// tokens of one resource must come from one lock.
+    pub fn fenced_token(
+        &self,
+        resource: impl Into<String>,
+        token: FencingToken,
+    ) -> FencedWrite<'_> {
         FencedWrite {
             backend: self,
             resource: resource.into(),
             token,
+            holding: None,
             statements: Vec::new(),
         }
     }
@@ -255,37 +358,58 @@ impl FencedWrite<'_> {
         })?;
         self.backend.ensure_fence_table().await?;
         let sql = self.backend.statements();
-        let (check, read) = (&sql.fence_check, &sql.fence_read);
+        let dialect = self.backend.dialect();
         let resource = self.resource.as_str();
+        let holding = self.holding.as_ref();
         let statements = &self.statements;
-        let outcome: Result<u64, i64> = self
+        // Not sent again on a broken connection: the break may have come
+        // after the commit. The transaction's BEGIN is retried instead.
+        let outcome: Result<u64, Refused> = self
             .backend
-            .run("fenced write", || async move {
+            .run_once_sent("fenced write", || async move {
                 match self.backend.pools() {
                     Pools::Postgres(p) => {
-                        let mut tx = p.begin().await?;
-                        check_then_run!(tx, check, read, resource, token, statements)
+                        let mut tx = begin!(dialect, p.begin());
+                        check_then_run!(tx, sql, holding, resource, token, statements)
                     }
                     Pools::Sqlite(p) => {
                         // IMMEDIATE: take the write lock now, so two fenced
                         // writers cannot both read and then fail to upgrade.
-                        let mut tx = p.begin_with("BEGIN IMMEDIATE").await?;
-                        check_then_run!(tx, check, read, resource, token, statements)
+                        let mut tx = begin!(dialect, p.begin_with("BEGIN IMMEDIATE"));
+                        check_then_run!(tx, sql, holding, resource, token, statements)
                     }
                     Pools::MySql(p) => {
-                        let mut tx = p.begin().await?;
-                        sqlx::query(AssertSqlSafe(Arc::clone(check)))
+                        let mut tx = begin!(dialect, p.begin());
+                        if let Some(h) = holding {
+                            let live = sqlx::query(AssertSqlSafe(Arc::clone(&sql.holding)))
+                                .bind(resource.as_bytes())
+                                .bind(h.owner.as_bytes())
+                                .bind(token as u64)
+                                .fetch_optional(&mut *tx)
+                                .await?
+                                .is_some();
+                            if !live {
+                                let now: Option<u64> =
+                                    sqlx::query_scalar(AssertSqlSafe(Arc::clone(&sql.version_of)))
+                                        .bind(resource.as_bytes())
+                                        .fetch_optional(&mut *tx)
+                                        .await?;
+                                return Ok(Err(Refused::Row(now.unwrap_or(0))));
+                            }
+                        }
+                        sqlx::query(AssertSqlSafe(Arc::clone(&sql.fence_check)))
                             .bind(resource.as_bytes())
                             .bind(token)
                             .execute(&mut *tx)
                             .await?;
                         // The upsert locked the row: this read is current.
-                        let current: u64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(read)))
-                            .bind(resource.as_bytes())
-                            .fetch_one(&mut *tx)
-                            .await?;
+                        let current: u64 =
+                            sqlx::query_scalar(AssertSqlSafe(Arc::clone(&sql.fence_read)))
+                                .bind(resource.as_bytes())
+                                .fetch_one(&mut *tx)
+                                .await?;
                         if current != token as u64 {
-                            return Ok(Err(i64::try_from(current).unwrap_or(i64::MAX)));
+                            return Ok(Err(Refused::Fence(current)));
                         }
                         let rows = run_statements!(tx, statements);
                         tx.commit().await?;
@@ -294,16 +418,24 @@ impl FencedWrite<'_> {
                 }
             })
             .await?;
+        let newer = |v: u64| {
+            FencingToken::new(v).ok_or_else(|| {
+                self.backend
+                    .errors()
+                    .protocol("fenced write", "fence table holds token 0".into())
+            })
+        };
         match outcome {
             Ok(rows_affected) => Ok(FenceOutcome::Applied { rows_affected }),
-            Err(newer) => Ok(FenceOutcome::Stale {
+            Err(Refused::Fence(v)) => Ok(FenceOutcome::Stale {
                 token: self.token,
-                newer: FencingToken::new(u64::try_from(newer).unwrap_or(0)).ok_or_else(|| {
-                    self.backend
-                        .errors()
-                        .protocol("fenced write", "fence table holds token 0".into())
-                })?,
+                newer: newer(v)?,
             }),
+            Err(Refused::Row(v)) if v > self.token.get() => Ok(FenceOutcome::Stale {
+                token: self.token,
+                newer: newer(v)?,
+            }),
+            Err(Refused::Row(_)) => Ok(FenceOutcome::NotHeld { token: self.token }),
         }
     }
 }

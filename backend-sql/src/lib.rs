@@ -47,7 +47,8 @@
 //!   the first's owner.
 //! - **renew** extends the row only if owner AND version match and it has
 //!   not expired: it never resurrects a lock.
-//! - **release** frees the row only if owner AND version match.
+//! - **release** frees the row only if owner AND version match; when not,
+//!   it says `Lost` if the row's version shows a later grant.
 //! - **force_release** frees a live row whoever holds it, leaving `version`.
 //! - **inspect** reads owner, version, and the time left computed by the
 //!   database.
@@ -64,8 +65,9 @@
 //! # Fenced writes
 //!
 //! [`SqlBackend::fenced`] turns a write to the application's own tables
-//! into one the database refuses when a newer lock holder has written
-//! before: see the [`fence`](crate::FencedWrite) docs and
+//! into one the database refuses unless the lease still holds the lock
+//! row (owner, version, unexpired by the database clock) in the write's
+//! own transaction: see the [`fence`](crate::FencedWrite) docs and
 //! `examples/fenced_write.rs`.
 //!
 //! # Errors

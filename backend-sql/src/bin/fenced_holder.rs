@@ -64,7 +64,7 @@ async fn run(
         placeholder(d, 2)
     );
     let outcome = backend
-        .fenced(lock, fence)
+        .fenced(&guard.lease())
         .statement(sql, [value.into(), fence.into()])
         .execute()
         .await?;
@@ -77,6 +77,10 @@ async fn run(
         }
         FenceOutcome::Stale { newer, .. } => {
             println!("REFUSED {newer}");
+            Ok(ExitCode::from(3))
+        }
+        FenceOutcome::NotHeld { .. } => {
+            println!("REFUSED NOT-HELD");
             Ok(ExitCode::from(3))
         }
         other => Err(format!("unexpected outcome {other:?}").into()),

@@ -148,3 +148,27 @@ pub(crate) async fn try_once(client: &SqlBackend, name: &str, ttl: Duration) -> 
     .unwrap();
     client.try_acquire(&req).await.expect("try_acquire")
 }
+
+/// A plain connection outside any polylock client, for tests that hold row
+/// locks of their own.
+pub(crate) async fn raw_connection(base: &str) -> sqlx::AnyConnection {
+    use sqlx::Connection;
+    sqlx::AnyConnection::connect(&any_url(base))
+        .await
+        .unwrap_or_else(|e| panic!("raw connection: {e}"))
+}
+
+/// A request for `name` under `owner`.
+pub(crate) fn request(
+    name: &str,
+    owner: OwnerToken,
+    ttl: Duration,
+    wait: Duration,
+) -> AcquireRequest {
+    AcquireRequest::new(LockName::new(name).unwrap(), owner, ttl, wait).unwrap()
+}
+
+/// `url` (of a server listening on `port`) pointed at `via` instead.
+pub(crate) fn through(url: &str, port: u16, via: u16) -> String {
+    url.replacen(&format!(":{port}/"), &format!(":{via}/"), 1)
+}

@@ -2,7 +2,9 @@
 //! refused and writes nothing; equal or higher tokens write.
 
 use backend_sql::{placeholder, FenceOutcome};
-use lock_core::FencingToken;
+use std::time::Duration;
+
+use lock_core::{FencingToken, LockBackend};
 
 use crate::common::{self, exec, fetch_text, unique};
 
@@ -32,7 +34,7 @@ async fn older_tokens_are_refused_and_write_nothing() {
         let resource = unique("res");
         let write = |token: u64, value: &str| {
             client
-                .fenced(resource.clone(), t(token))
+                .fenced_token(resource.clone(), t(token))
                 .statement(update.clone(), [value.into(), 1i64.into()])
                 .execute()
         };
@@ -61,7 +63,7 @@ async fn older_tokens_are_refused_and_write_nothing() {
         assert!(!write(5, "five late").await.unwrap().is_applied());
         // Other resources have their own counters.
         let other = client
-            .fenced(unique("res"), t(1))
+            .fenced_token(unique("res"), t(1))
             .statement(update.clone(), ["other".into(), 1i64.into()])
             .execute()
             .await
@@ -71,18 +73,152 @@ async fn older_tokens_are_refused_and_write_nothing() {
         // recorded, so the same token can write afterwards.
         let resource2 = unique("res");
         let e = client
-            .fenced(resource2.clone(), t(7))
+            .fenced_token(resource2.clone(), t(7))
             .statement(format!("UPDATE {table}_missing SET value = 'x'"), [])
             .execute()
             .await
             .expect_err("a missing table is an error");
         assert!(!e.is_retryable(), "{d:?}: {e}");
         let r = client
-            .fenced(resource2, t(6))
+            .fenced_token(resource2, t(6))
             .statement(update.clone(), ["six".into(), 1i64.into()])
             .execute()
             .await
             .unwrap();
         assert!(r.is_applied(), "{d:?}: the failed write's token was kept");
     }
+}
+
+/// The exact fenced write consults the lock row in its own transaction: a
+/// holder past its TTL is refused even when nobody has written since,
+/// which the token-only check cannot see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_fenced_write_refuses_a_stale_holder_before_anyone_wrote() {
+    for db in common::all().await {
+        let d = db.dialect;
+        let table = unique("app");
+        exec(
+            &db.base,
+            &[
+                &format!("CREATE TABLE {table} (id INTEGER PRIMARY KEY, value VARCHAR(64))"),
+                &format!("INSERT INTO {table} (id, value) VALUES (1, 'initial')"),
+            ],
+        )
+        .await;
+        let (a, b) = (db.client().await, db.client().await);
+        let update = format!(
+            "UPDATE {table} SET value = {} WHERE id = {}",
+            placeholder(d, 1),
+            placeholder(d, 2)
+        );
+        let select = format!("SELECT value FROM {table} WHERE id = 1");
+        let value = || fetch_text(&db.base, &select);
+        let name = unique("exact");
+        let ttl = Duration::from_millis(400);
+        let held_a = common::try_once(&a, &name, ttl).await.expect("A acquires");
+        let wrote = a
+            .fenced(&held_a)
+            .statement(update.clone(), ["by A".into(), 1i64.into()])
+            .execute()
+            .await
+            .unwrap();
+        assert_eq!(wrote, FenceOutcome::Applied { rows_affected: 1 }, "{d:?}");
+
+        // A stalls past its TTL; nobody has taken the lock yet.
+        tokio::time::sleep(ttl + Duration::from_millis(300)).await;
+        let late = a
+            .fenced(&held_a)
+            .statement(update.clone(), ["late A".into(), 1i64.into()])
+            .execute()
+            .await
+            .unwrap();
+        assert_eq!(
+            late,
+            FenceOutcome::NotHeld {
+                token: held_a.fence()
+            },
+            "{d:?}"
+        );
+        assert_eq!(
+            value().await,
+            "by A",
+            "{d:?}: a refused write changed the row"
+        );
+
+        // B takes the expired lock but has not written yet: A's exact write
+        // is refused with B's token; the token-only check would let it in.
+        let held_b = common::try_once(&b, &name, Duration::from_secs(30))
+            .await
+            .expect("B takes the expired lock");
+        let late = a
+            .fenced(&held_a)
+            .statement(update.clone(), ["late A".into(), 1i64.into()])
+            .execute()
+            .await
+            .unwrap();
+        assert_eq!(
+            late,
+            FenceOutcome::Stale {
+                token: held_a.fence(),
+                newer: held_b.fence()
+            },
+            "{d:?}"
+        );
+        assert_eq!(
+            value().await,
+            "by A",
+            "{d:?}: a refused write changed the row"
+        );
+        let wrote = b
+            .fenced(&held_b)
+            .statement(update.clone(), ["by B".into(), 1i64.into()])
+            .execute()
+            .await
+            .unwrap();
+        assert!(wrote.is_applied(), "{d:?}: {wrote:?}");
+        b.release(&held_b).await.unwrap();
+        // Released: even the last holder's own writes are refused now.
+        let after = b
+            .fenced(&held_b)
+            .statement(update.clone(), ["after release".into(), 1i64.into()])
+            .execute()
+            .await
+            .unwrap();
+        assert_eq!(
+            after,
+            FenceOutcome::NotHeld {
+                token: held_b.fence()
+            },
+            "{d:?}"
+        );
+        assert_eq!(value().await, "by B", "{d:?}");
+    }
+}
+
+/// The token-only check, for comparison: it accepts a stale holder's write
+/// while no newer token was recorded for the resource (what the exact
+/// check above fixes), and refuses it once one was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_only_fenced_write_sees_only_recorded_tokens() {
+    let db = common::sqlite();
+    let client = db.client().await;
+    let name = unique("tok");
+    let ttl = Duration::from_millis(200);
+    let stale = common::try_once(&client, &name, ttl)
+        .await
+        .expect("acquire");
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    let next = common::try_once(&client, &name, Duration::from_secs(30))
+        .await
+        .expect("the next holder");
+    let by_stale = || client.fenced_token(name.clone(), stale.fence()).execute();
+    assert!(by_stale().await.unwrap().is_applied());
+    assert!(client.fenced(&next).execute().await.unwrap().is_applied());
+    assert_eq!(
+        by_stale().await.unwrap(),
+        FenceOutcome::Stale {
+            token: stale.fence(),
+            newer: next.fence()
+        }
+    );
 }

@@ -4,6 +4,7 @@
 mod common;
 mod config;
 mod fencing;
+mod holding;
 mod races;
 mod restart;
 mod schema;

@@ -81,7 +81,7 @@ async fn paused_holder_write_is_refused(db: Db) {
         placeholder(d, 2)
     );
     let wrote = client
-        .fenced(lock.clone(), next.fence())
+        .fenced(&next.lease())
         .statement(update, ["from the next holder".into(), next.fence().into()])
         .execute()
         .await

@@ -1,0 +1,450 @@
+//! What a holder is told about its own holding: a release or renew after
+//! someone else was granted the lock says `Lost`; a retried acquire takes
+//! back the row its own timed-out attempt took; waiters cannot starve the
+//! holder's renewals; statements go out without a ping first, and stale
+//! pooled connections are replaced without surfacing an error.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backend_sql::SqlBackend;
+use lock_core::{LockBackend, LockError, LockName, Locker, OwnerToken};
+use testkit::{Mode, Proxy};
+use tokio::time::{sleep, timeout, Instant};
+
+use crate::common::{self, raw_connection, request, through, try_once, unique};
+
+fn assert_lost<T: std::fmt::Debug>(what: &str, d: backend_sql::Dialect, r: Result<T, LockError>) {
+    assert!(
+        matches!(r, Err(LockError::Lost { .. })),
+        "{d:?}: {what} must say Lost, got {r:?}"
+    );
+}
+
+/// A is force-released, B takes the lock, works and releases; then A's
+/// release and renew must both say Lost: A's critical section was not
+/// exclusive. A second release by the one who released stays `Ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_someone_else_held_says_lost() {
+    for db in common::all().await {
+        let d = db.dialect;
+        let (a, b) = (db.client().await, db.client().await);
+        let name = unique("overlap");
+        let ttl = Duration::from_secs(30);
+
+        let held_a = try_once(&a, &name, ttl).await.expect("A acquires");
+        assert!(b.force_release(held_a.name()).await.unwrap());
+        let held_b = try_once(&b, &name, ttl).await.expect("B acquires");
+        b.release(&held_b).await.unwrap();
+        assert_lost("renew after B held", d, a.renew(&held_a).await);
+        assert_lost("release after B held", d, a.release(&held_a).await);
+        // B released its own holding: releasing again is idempotent.
+        b.release(&held_b).await.expect("B's second release");
+
+        // A paused past its TTL: B takes the expired row and releases it.
+        let short = Duration::from_millis(300);
+        let held_a = try_once(&a, &name, short).await.expect("A acquires again");
+        sleep(short + Duration::from_millis(200)).await;
+        let held_b = try_once(&b, &name, ttl)
+            .await
+            .expect("B takes the expired lock");
+        b.release(&held_b).await.unwrap();
+        assert_lost("release after expiry and B", d, a.release(&held_a).await);
+
+        // Force-released and nobody took it since: nothing overlapped.
+        let held_a = try_once(&a, &name, ttl)
+            .await
+            .expect("A acquires a third time");
+        assert!(b.force_release(held_a.name()).await.unwrap());
+        a.release(&held_a)
+            .await
+            .unwrap_or_else(|e| panic!("{d:?}: nobody held it after A: {e}"));
+
+        // A lease with the holder's version but another owner was never
+        // the holder's: its release is refused and changes nothing.
+        let real = try_once(&b, &name, ttl).await.expect("B holds");
+        let forged = lock_core::Lease::new(
+            real.name().clone(),
+            OwnerToken::random(),
+            real.fence(),
+            real.ttl(),
+            Instant::now(),
+            real.policy(),
+        );
+        assert_lost("forged release", d, a.release(&forged).await);
+        assert_eq!(
+            a.inspect(real.name()).await.unwrap().and_then(|h| h.fence),
+            Some(real.fence()),
+            "{d:?}: the real holder's lock was touched"
+        );
+        b.release(&real).await.unwrap();
+    }
+}
+
+/// The acquire statement reaches the database and takes the row, but its
+/// answer comes after the operation timeout; the waiting acquire retries
+/// and must recognise the row as its own instead of waiting out the TTL.
+async fn retried_acquire_takes_back_its_orphan(dialect: &str, url: String, port: u16) {
+    let proxy = Proxy::start(([127, 0, 0, 1], port).into()).expect("proxy");
+    let table = unique("locks");
+    let via = through(&url, port, proxy.port());
+    let lock_url = format!("{via}?table={table}&op_timeout=400ms&pool_size=1&max_poll=50ms");
+    let client = SqlBackend::connect(&lock_url).await.unwrap();
+    let direct = SqlBackend::connect(&format!("{url}?table={table}"))
+        .await
+        .unwrap();
+    // Open the pooled connections (and PostgreSQL's listener) while the
+    // network is fast.
+    let warm = client
+        .acquire(&request(
+            &unique("warm"),
+            OwnerToken::random(),
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+        ))
+        .await
+        .unwrap()
+        .expect("warm-up lock");
+    client.release(&warm).await.unwrap();
+
+    let name = unique("orphan");
+    let owner = OwnerToken::random();
+    let ttl = Duration::from_secs(60);
+    proxy.set_mode(Mode::Delay(Duration::from_millis(700)));
+    let waiting = tokio::spawn({
+        let (client, name) = (client.clone(), name.clone());
+        async move {
+            client
+                .acquire(&request(&name, owner, ttl, Duration::from_secs(40)))
+                .await
+        }
+    });
+    // The first attempt ran on the server: the row is ours, but the client
+    // never saw the answer.
+    let started = Instant::now();
+    loop {
+        let holder = direct
+            .inspect(&LockName::new(&name).unwrap())
+            .await
+            .unwrap();
+        if let Some(h) = holder {
+            assert_eq!(h.owner, owner.to_string(), "{dialect}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{dialect}: the attempt never ran"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    sleep(Duration::from_millis(800)).await;
+    assert!(
+        !waiting.is_finished(),
+        "{dialect}: every attempt should time out while delayed"
+    );
+    proxy.set_mode(Mode::Pass);
+    let lease = timeout(Duration::from_secs(15), waiting)
+        .await
+        .unwrap_or_else(|_| panic!("{dialect}: the retry waited for its own orphan"))
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{dialect}: {e}"))
+        .expect("granted");
+    assert_eq!(lease.owner(), owner);
+    let holder = direct.inspect(lease.name()).await.unwrap().expect("held");
+    assert_eq!(
+        holder.fence,
+        Some(lease.fence()),
+        "{dialect}: the lease is the row's holding"
+    );
+    client.release(&lease).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_retried_acquire_takes_back_its_orphan() {
+    let pg = tokio::task::spawn_blocking(common::pg).await.unwrap();
+    retried_acquire_takes_back_its_orphan("postgres", pg.url(), pg.port()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_retried_acquire_takes_back_its_orphan() {
+    let m = tokio::task::spawn_blocking(common::maria).await.unwrap();
+    retried_acquire_takes_back_its_orphan("mariadb", m.url(), m.port()).await;
+}
+
+/// More waiters than pool connections, stuck in the database (on a row
+/// another transaction locks): the holder of another lock of the same
+/// client keeps renewing and keeps its lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_do_not_starve_renewals() {
+    let dbs = common::all().await;
+    // SQLite serialises every writer on the file lock, whichever pool it
+    // came from, so the waiters cannot be stuck while the renewals run.
+    for db in dbs
+        .into_iter()
+        .filter(|d| d.dialect != backend_sql::Dialect::Sqlite)
+    {
+        let d = db.dialect;
+        let url = db.url_with("pool_size=2");
+        let client = SqlBackend::connect(&url).await.unwrap();
+        let locker = Locker::new(client.clone());
+        let (held, busy) = (unique("held"), unique("busy"));
+        // The busy lock's row exists; a transaction of the test locks it,
+        // so every waiter's attempt blocks inside the database.
+        let setup = try_once(&client, &busy, Duration::from_secs(1))
+            .await
+            .unwrap();
+        client.release(&setup).await.unwrap();
+        let table = url
+            .split("table=")
+            .nth(1)
+            .and_then(|t| t.split('&').next())
+            .unwrap()
+            .to_string();
+        let mut blocker = raw_connection(&db.base).await;
+        sqlx::query("BEGIN").execute(&mut blocker).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT version FROM {table} WHERE name = '{busy}' FOR UPDATE"
+        )))
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+
+        let ttl = Duration::from_secs(2);
+        let guard = locker.lock(&held).ttl(ttl).acquire().await.unwrap();
+        let waiters: Vec<_> = (0..6)
+            .map(|_| {
+                let (client, busy) = (client.clone(), busy.clone());
+                tokio::spawn(async move {
+                    client
+                        .acquire(&request(
+                            &busy,
+                            OwnerToken::random(),
+                            ttl,
+                            Duration::from_secs(60),
+                        ))
+                        .await
+                })
+            })
+            .collect();
+        let watched = Instant::now();
+        while watched.elapsed() < ttl * 3 {
+            assert!(
+                guard.is_held(),
+                "{d:?}: the holder lost its lock behind waiters"
+            );
+            sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            guard.lease().sent_at() > watched + ttl,
+            "{d:?}: no renewal went through while the waiters waited"
+        );
+        for w in &waiters {
+            assert!(!w.is_finished(), "{d:?}: a waiter got a locked row");
+            w.abort();
+        }
+        sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+        guard.release().await.unwrap();
+    }
+}
+
+/// One statement is one round trip: the pool does not ping a connection
+/// before handing it out. Measured by round-trip count under a large
+/// injected delay (each direction 300 ms, so one round trip is 600 ms and a
+/// ping doubles it), not by speed.
+async fn one_round_trip_per_statement(dialect: &str, url: String, port: u16) {
+    let proxy = Proxy::start(([127, 0, 0, 1], port).into()).expect("proxy");
+    let via = through(&url, port, proxy.port());
+    let client = SqlBackend::connect(&format!("{via}?table={}&pool_size=1", unique("locks")))
+        .await
+        .unwrap();
+    let name = unique("rt");
+    let lease = try_once(&client, &name, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let lease = client.renew(&lease).await.unwrap();
+    // Let the pool finish with the connections it was handed back.
+    sleep(Duration::from_millis(300)).await;
+    proxy.set_mode(Mode::Delay(Duration::from_millis(300)));
+    let one_trip = Duration::from_millis(600);
+    let started = Instant::now();
+    let lease = client.renew(&lease).await.unwrap();
+    let renew = started.elapsed();
+    let started = Instant::now();
+    assert!(try_once(&client, &unique("rt"), Duration::from_secs(60))
+        .await
+        .is_some());
+    let acquire = started.elapsed();
+    for (what, took) in [("renew", renew), ("acquire", acquire)] {
+        assert!(
+            took >= one_trip && took < one_trip * 7 / 4,
+            "{dialect}: {what} took {took:?}, one round trip is {one_trip:?}: a ping went first"
+        );
+    }
+    proxy.set_mode(Mode::Pass);
+    client.release(&lease).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_one_round_trip_per_statement() {
+    let pg = tokio::task::spawn_blocking(common::pg).await.unwrap();
+    one_round_trip_per_statement("postgres", pg.url(), pg.port()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_one_round_trip_per_statement() {
+    let m = tokio::task::spawn_blocking(common::maria).await.unwrap();
+    one_round_trip_per_statement("mariadb", m.url(), m.port()).await;
+}
+
+/// Without a ping before each statement, connections that died with a
+/// server restart sit in the pool; the first operations after the restart
+/// must still succeed (on fresh connections), not surface the broken one.
+async fn stale_connections_are_replaced(url: String, restart: impl FnOnce() + Send + 'static) {
+    let client = SqlBackend::connect(&format!("{url}?table={}&pool_size=3", unique("locks")))
+        .await
+        .unwrap();
+    let names: Vec<String> = (0..3).map(|_| unique("stale")).collect();
+    // Several connections open at once, so several go stale.
+    let leases: Vec<_> = futures::future::join_all(
+        names
+            .iter()
+            .map(|n| try_once(&client, n, Duration::from_secs(60))),
+    )
+    .await
+    .into_iter()
+    .map(|l| l.expect("free"))
+    .collect();
+    for l in &leases {
+        client.renew(l).await.unwrap();
+    }
+    assert!(client
+        .fenced(&leases[0])
+        .execute()
+        .await
+        .unwrap()
+        .is_applied());
+    sleep(Duration::from_millis(300)).await;
+    tokio::task::spawn_blocking(restart).await.unwrap();
+    // A fenced write opens its transaction again on a fresh connection.
+    let fenced = client
+        .fenced(&leases[0])
+        .execute()
+        .await
+        .unwrap_or_else(|e| panic!("fenced write after the restart: {e}"));
+    assert!(fenced.is_applied(), "{fenced:?}");
+    for l in &leases {
+        client
+            .renew(l)
+            .await
+            .unwrap_or_else(|e| panic!("renew after the restart: {e}"));
+    }
+    let after = unique("stale");
+    let fresh = client
+        .try_acquire(&request(
+            &after,
+            OwnerToken::random(),
+            Duration::from_secs(5),
+            Duration::ZERO,
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("acquire after the restart: {e}"))
+        .expect("free");
+    client.release(&fresh).await.unwrap();
+    for l in &leases {
+        client.release(l).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_stale_pooled_connections_are_replaced() {
+    let server = Arc::new(
+        tokio::task::spawn_blocking(testkit::PostgresServer::start)
+            .await
+            .unwrap()
+            .expect("start PostgreSQL"),
+    );
+    let s = server.clone();
+    stale_connections_are_replaced(server.url(), move || s.restart().expect("restart")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_stale_pooled_connections_are_replaced() {
+    let server = Arc::new(
+        tokio::task::spawn_blocking(testkit::MariaDbServer::start)
+            .await
+            .unwrap()
+            .expect("start MariaDB"),
+    );
+    let s = server.clone();
+    stale_connections_are_replaced(server.url(), move || s.restart().expect("restart")).await;
+}
+
+/// Taking back a row under one's own owner is only for an attempt that
+/// got no answer: a plain second attempt of the same owner while the row
+/// is held is refused, as for anyone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_attempt_of_the_same_owner_is_refused() {
+    for db in common::all().await {
+        let client = db.client().await;
+        let name = unique("same");
+        let owner = OwnerToken::random();
+        let ttl = Duration::from_secs(30);
+        let first = client
+            .try_acquire(&request(&name, owner, ttl, Duration::ZERO))
+            .await
+            .unwrap()
+            .expect("free");
+        let second = client
+            .try_acquire(&request(&name, owner, ttl, Duration::ZERO))
+            .await
+            .unwrap();
+        assert!(second.is_none(), "{:?}: {second:?}", db.dialect);
+        client.release(&first).await.unwrap();
+    }
+}
+
+/// The brief's shape on every database: more waiters than pool
+/// connections, polling the held name itself as fast as they may, while
+/// the holder renews a short TTL through the same client: it keeps the
+/// lock, and no waiter gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_on_the_held_name_do_not_starve_its_renewals() {
+    for db in common::all().await {
+        let d = db.dialect;
+        let client = SqlBackend::connect(&db.url_with("pool_size=2&max_poll=1ms"))
+            .await
+            .unwrap();
+        let locker = Locker::new(client.clone());
+        let name = unique("hot");
+        let ttl = Duration::from_millis(900);
+        let guard = locker.lock(&name).ttl(ttl).acquire().await.unwrap();
+        let waiters: Vec<_> = (0..12)
+            .map(|_| {
+                let (client, name) = (client.clone(), name.clone());
+                tokio::spawn(async move {
+                    client
+                        .acquire(&request(
+                            &name,
+                            OwnerToken::random(),
+                            ttl,
+                            Duration::from_secs(60),
+                        ))
+                        .await
+                })
+            })
+            .collect();
+        let watched = Instant::now();
+        while watched.elapsed() < ttl * 4 {
+            assert!(
+                guard.is_held(),
+                "{d:?}: the holder lost its lock to busy waiters"
+            );
+            sleep(Duration::from_millis(50)).await;
+        }
+        for w in &waiters {
+            assert!(!w.is_finished(), "{d:?}: a waiter got a held lock");
+            w.abort();
+        }
+        guard.release().await.unwrap();
+    }
+}
