@@ -87,7 +87,7 @@ pub(crate) fn check_ttl(backend: Option<&Guarantees>, ttl: Duration) -> Result<(
         return Err(Failure::new(
             exit::USAGE,
             format!(
-                "--ttl {} is too short: the smallest TTL is {} ({why})",
+                "invalid TTL: --ttl {} is too short: the smallest TTL is {} ({why})",
                 show(ttl),
                 show(floor)
             ),
