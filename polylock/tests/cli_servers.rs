@@ -36,6 +36,8 @@ fn command_dies_by_the_deadline(dir: &Path, url: &str, kill_server: impl FnOnce(
             "--grace",
             "10s",
             "deadline",
+            "--",
+            "sh",
             "-c",
             "echo $$ > pid; trap '' TERM; while true; do sleep 0.1; done",
         ])
@@ -71,6 +73,8 @@ fn exits_promptly_with_the_server_gone(dir: &Path, url: &str, kill_server: impl 
             "--ttl",
             "30s",
             "prompt",
+            "--",
+            "sh",
             "-c",
             "touch started; while [ ! -e stop ]; do sleep 0.05; done",
         ])

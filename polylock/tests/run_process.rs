@@ -20,6 +20,8 @@ fn sigkill_of_polylock_kills_the_command() {
         .args([
             "run",
             "orphan",
+            "--",
+            "sh",
             "-c",
             "echo $$ > pid; while true; do sleep 0.1; done",
         ])
@@ -64,6 +66,8 @@ fn one_sigint_to_the_process_group_reaches_the_command_once() {
         .args([
             "run",
             "ctrl-c",
+            "--",
+            "sh",
             "-c",
             "trap 'echo int >> ints' INT; trap 'exit 0' TERM; touch started; \
              while true; do sleep 1 & wait $!; done",

@@ -124,8 +124,8 @@ deadline; if the lock is found lost, it is killed at once.
     #[command(after_help = concat!("Examples:
   polylock hold maintenance
       Hold the lock (renewed) until Ctrl-C; the first line printed is the fencing token.
-  exec 3> >(polylock hold deploy) ... exec 3>&-
-      Hold it from a shell script until file descriptor 3 is closed.
+  some-producer | polylock hold deploy
+      Hold it until the producer closes the pipe (stdin reaches its end).
 
 ", include_str!("exit_help.txt")))]
     Hold {
