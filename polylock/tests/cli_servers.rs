@@ -89,7 +89,10 @@ fn exits_promptly_with_the_server_gone(dir: &Path, url: &str, kill_server: impl 
     let took = stopped.elapsed();
     assert!(status.success(), "{status:?}");
     // About a second by design (release budget + shutdown); generous here.
-    assert!(took < Duration::from_secs(3), "exited {took:?} after the command");
+    assert!(
+        took < Duration::from_secs(3),
+        "exited {took:?} after the command"
+    );
 }
 
 #[test]

@@ -54,7 +54,11 @@ fn sighup_is_forwarded_and_the_lock_released() {
     wait_file(&dir.path().join("started"));
     kill(Pid::from_raw(run.id() as i32), Signal::SIGHUP).unwrap();
     assert_eq!(run.wait().unwrap().code(), Some(43));
-    assert_eq!(status_code(dir.path(), None, "hangup"), Some(1), "still held");
+    assert_eq!(
+        status_code(dir.path(), None, "hangup"),
+        Some(1),
+        "still held"
+    );
 }
 
 #[test]
@@ -107,7 +111,9 @@ fn memory_urls_and_tiny_ttls_are_refused_before_the_command_runs() {
         );
     }
     for ttl in ["1ms", "5ms", "999ms"] {
-        let out = output(polylock(dir.path(), None).args(["run", "--ttl", ttl, "x", "--", "touch", "ran"]));
+        let out = output(
+            polylock(dir.path(), None).args(["run", "--ttl", ttl, "x", "--", "touch", "ran"]),
+        );
         assert_eq!(out.status.code(), Some(64), "{ttl}");
         let err = text(&out.stderr);
         assert!(err.contains("smallest TTL is 1s"), "{err}");
@@ -134,11 +140,14 @@ fn nonblock_conflict_exit_code_and_shell_command_work_like_flock() {
     let (mut holder, fence) = start_hold(dir.path(), None, "job");
     assert_eq!(fence, 2);
     let started = Instant::now();
-    let out = output(polylock(dir.path(), None).args(["run", "-n", "-E", "3", "job", "-c", "touch ran"]));
+    let out =
+        output(polylock(dir.path(), None).args(["run", "-n", "-E", "3", "job", "-c", "touch ran"]));
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
     // -n does not wait (the default wait is 10s).
     assert!(started.elapsed() < Duration::from_secs(8));
-    let out = output(polylock(dir.path(), None).args(["run", "-w", "200ms", "job", "--", "touch", "ran"]));
+    let out = output(
+        polylock(dir.path(), None).args(["run", "-w", "200ms", "job", "--", "touch", "ran"]),
+    );
     assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
     assert!(!dir.path().join("ran").exists(), "ran without the lock");
     // -c and a COMMAND together are ambiguous.
@@ -164,7 +173,10 @@ fn help_lists_every_scheme_the_exit_codes_and_examples() {
     let dir = tempfile::tempdir().unwrap();
     let help = text(&output(polylock(dir.path(), None).arg("--help")).stdout);
     for scheme in polylock::available_schemes() {
-        assert!(help.contains(&format!("{scheme}://")), "{scheme} missing: {help}");
+        assert!(
+            help.contains(&format!("{scheme}://")),
+            "{scheme} missing: {help}"
+        );
     }
     assert!(help.contains("etcd://"));
     assert!(help.contains("126 "), "{help}");
@@ -196,7 +208,10 @@ fn status_escapes_names_for_the_terminal() {
     assert_eq!(out.status.code(), Some(0));
     let shown = text(&out.stdout);
     assert!(!shown.contains('\u{1b}'), "{shown:?}");
-    assert!(shown.starts_with("evil\\n\\u{1b}[31mred: held by"), "{shown:?}");
+    assert!(
+        shown.starts_with("evil\\n\\u{1b}[31mred: held by"),
+        "{shown:?}"
+    );
     drop(holder.stdin.take());
     assert!(holder.wait().unwrap().success());
     let out = output(polylock(dir.path(), None).args(["status", name]));
@@ -212,7 +227,8 @@ fn a_non_redis_server_gives_a_one_line_error() {
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
             let mut conn = conn;
-            let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\n\r\nbad\n");
+            let _ = conn
+                .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\n\r\nbad\n");
         }
     });
     let url = format!("redis://127.0.0.1:{port}");
@@ -226,8 +242,16 @@ fn a_non_redis_server_gives_a_one_line_error() {
 #[test]
 fn a_forced_release_names_the_cause_and_verbose_shows_renewals() {
     let dir = tempfile::tempdir().unwrap();
-    let mut run = polylock(dir.path(), None)
-        .args(["-vv", "run", "--ttl", "1s", "taken", "-c", "touch started; sleep 30"])
+    let run = polylock(dir.path(), None)
+        .args([
+            "-vv",
+            "run",
+            "--ttl",
+            "1s",
+            "taken",
+            "-c",
+            "touch started; sleep 30",
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -248,5 +272,9 @@ fn a_forced_release_names_the_cause_and_verbose_shows_renewals() {
             .args(["run", "--ttl", "1s", "quiet", "--", "sleep", "0.8"]),
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("renewed"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("renewed"),
+        "{}",
+        text(&out.stderr)
+    );
 }

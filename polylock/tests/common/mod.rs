@@ -105,5 +105,9 @@ pub(crate) fn hold_until_stdin_closes(dir: &Path, url: Option<&str>) {
     drop(child.stdin.take());
     let status = child.wait().unwrap();
     assert!(status.success(), "{status:?}");
-    assert_eq!(status_code(dir, url, "held-by-hold"), Some(1), "not released");
+    assert_eq!(
+        status_code(dir, url, "held-by-hold"),
+        Some(1),
+        "not released"
+    );
 }

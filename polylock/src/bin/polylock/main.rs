@@ -114,7 +114,12 @@ deadline; if the lock is found lost, it is killed at once.
         #[arg(long, default_value = "10s", value_parser = duration::parse, allow_hyphen_values = true)]
         grace: Duration,
         /// Run this shell command line with `sh -c` instead of COMMAND.
-        #[arg(short = 'c', long = "command", value_name = "SHELL_COMMAND", conflicts_with = "command")]
+        #[arg(
+            short = 'c',
+            long = "command",
+            value_name = "SHELL_COMMAND",
+            conflicts_with = "command"
+        )]
         shell: Option<String>,
         /// The command and its arguments, after `--`.
         #[arg(required_unless_present = "shell", last = true, num_args = 1..)]
