@@ -278,3 +278,39 @@ fn a_forced_release_names_the_cause_and_verbose_shows_renewals() {
         text(&out.stderr)
     );
 }
+
+/// On a terminal (a pty from util-linux `script`), Ctrl-C reaches the
+/// command once, and the command can read the terminal: it owns the
+/// foreground while it runs.
+#[test]
+fn ctrl_c_on_a_terminal_reaches_the_command_once_and_it_reads_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let polylock_bin = env!("CARGO_BIN_EXE_polylock");
+    let inner = format!(
+        "{polylock_bin} run tty -- sh -c 'trap \"echo int >> ints\" INT; touch started; i=0; \
+         while [ $i -lt 100 ]; do i=$((i+1)); if read line; then [ \"$line\" = done ] && exit 7; fi; done; exit 1'"
+    );
+    let mut script = std::process::Command::new("script")
+        .args(["-qfec", &inner, "/dev/null"])
+        .current_dir(dir.path())
+        .env_remove("POLYLOCK_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("util-linux `script` is needed for this test");
+    wait_file(&dir.path().join("started"));
+    let mut tty = script.stdin.take().unwrap();
+    tty.write_all(b"\x03").unwrap();
+    tty.flush().unwrap();
+    let ints = dir.path().join("ints");
+    wait_file(&ints);
+    // Give a second copy every chance to arrive before counting.
+    std::thread::sleep(Duration::from_millis(1500));
+    tty.write_all(b"done\n").unwrap();
+    tty.flush().unwrap();
+    let out = script.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stdout));
+    let got = std::fs::read_to_string(&ints).unwrap();
+    assert_eq!(got.lines().count(), 1, "SIGINT delivered {got:?}");
+    drop(tty);
+}
