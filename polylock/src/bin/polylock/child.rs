@@ -40,6 +40,8 @@ pub(crate) fn spawn(
     args: &[OsString],
     env: &[(&str, String)],
 ) -> io::Result<Spawned> {
+    // The parent-death signal is tied to the forking thread (see above).
+    debug_assert_eq!(std::thread::current().name(), Some("main"));
     let stdin = io::stdin();
     // Only a foreground polylock may give the terminal away; in the
     // background (or with no terminal) the command stays a background job,
