@@ -314,3 +314,45 @@ fn ctrl_c_on_a_terminal_reaches_the_command_once_and_it_reads_the_terminal() {
     assert_eq!(got.lines().count(), 1, "SIGINT delivered {got:?}");
     drop(tty);
 }
+
+/// polylock paused past the lease's deadline (SIGSTOP): on resume the loss
+/// is noticed late, and the command is killed at once, not after --grace.
+#[test]
+fn a_loss_noticed_late_kills_the_command_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = polylock(dir.path(), None)
+        .args([
+            "run",
+            "--ttl",
+            "1s",
+            "--grace",
+            "10s",
+            "paused",
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > pid; trap '' TERM; while true; do sleep 0.1; done",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = read_pid(&dir.path().join("pid"));
+    let polylock_pid = Pid::from_raw(run.id() as i32);
+    kill(polylock_pid, Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    kill(polylock_pid, Signal::SIGCONT).unwrap();
+    let resumed = Instant::now();
+    // Far below the 10s grace, generous for a busy machine.
+    assert!(
+        eventually(Duration::from_secs(3), || !alive(pid)),
+        "the command still ran {:?} after polylock resumed",
+        resumed.elapsed()
+    );
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(76), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("was lost"),
+        "{}",
+        text(&out.stderr)
+    );
+}
