@@ -9,13 +9,17 @@ pub(crate) async fn status(locker: &Locker, name: &str) -> Result<u8, Failure> {
     let name = LockName::new(name)?;
     match locker.backend().inspect(&name).await? {
         None => {
-            println!("{name}: free");
+            println!("{}: free", shown(name.as_str()));
             Ok(exit::FREE)
         }
         Some(info) => {
             let fence = info.fence.map_or("unknown".to_string(), |f| f.to_string());
             let left = info.expires_in.map_or("unknown".to_string(), show);
-            println!("{name}: held by {}", owner_prefix(&info.owner));
+            println!(
+                "{}: held by {}",
+                shown(name.as_str()),
+                shown(&owner_prefix(&info.owner))
+            );
             println!("  fencing token: {fence}");
             println!("  expires in:    {left}");
             Ok(0)
@@ -23,15 +27,34 @@ pub(crate) async fn status(locker: &Locker, name: &str) -> Result<u8, Failure> {
     }
 }
 
+/// `s` safe to print on a terminal: control characters (newlines, ANSI
+/// escapes) are shown as Rust escapes, and a backslash as `\\` so the result
+/// is unambiguous. A lock name or a foreign holder's value is untrusted.
+pub(crate) fn shown(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c == '\\' || c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 pub(crate) async fn force_release(locker: &Locker, name: &str) -> Result<u8, Failure> {
     let name = LockName::new(name)?;
     if locker.backend().force_release(&name).await? {
         eprintln!(
-            "polylock: removed {name}. If its holder is still running, it no longer has \
-             mutual exclusion; its fencing token is now stale."
+            "polylock: removed {}. If its holder is still running, it no longer has \
+             mutual exclusion; its fencing token is now stale.",
+            shown(name.as_str())
         );
     } else {
-        eprintln!("polylock: {name} was not held; nothing removed");
+        eprintln!(
+            "polylock: {} was not held; nothing removed",
+            shown(name.as_str())
+        );
     }
     Ok(0)
 }
@@ -45,4 +68,15 @@ fn owner_prefix(owner: &str) -> String {
         shown.push('…');
     }
     shown
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown;
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(shown("a\nb\u{1b}[31m\\c"), "a\\nb\\u{1b}[31m\\\\c");
+        assert_eq!(shown("plain-name.é"), "plain-name.é");
+    }
 }

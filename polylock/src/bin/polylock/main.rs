@@ -4,10 +4,12 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
-use polylock::{LockError, Locker};
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
+use polylock::{ExpiryClock, LockError, Locker};
 
 mod admin;
+mod child;
 mod duration;
 mod exit;
 mod run;
@@ -15,6 +17,11 @@ mod run;
 /// Where locks live when neither --url nor POLYLOCK_URL says: a SQLite file
 /// in the current directory, so the command works with nothing configured.
 const DEFAULT_URL: &str = "sqlite://polylock.db";
+
+/// How long the runtime may take to finish background work at exit; with
+/// the release's own budget, polylock exits within about a second of the
+/// command's end even when the lock service is gone.
+const SHUTDOWN_BUDGET: Duration = Duration::from_millis(200);
 
 #[derive(Parser, Debug)]
 #[command(
@@ -24,46 +31,116 @@ const DEFAULT_URL: &str = "sqlite://polylock.db";
     after_help = concat!("Examples:
   polylock run nightly-report -- ./report.sh
       Run report.sh only if no other machine is running it; wait up to 10s.
-  polylock run --wait 0 --ttl 1m backup -- rsync -a /data backup:/data
+  polylock run -n --ttl 1m backup -- rsync -a /data backup:/data
       Skip this run (exit 75) if a backup is already running.
+  polylock run deploy -c 'make build && make deploy'
+      Run a shell command line under the lock.
   POLYLOCK_URL=redis://cache:6379 polylock run deploy -- make deploy
       Use Redis instead of the SQLite file in the current directory.
   polylock status nightly-report
       Show who holds the lock, its fencing token and time left.
 
 The lock URL comes from --url, else $POLYLOCK_URL, else ", "sqlite://polylock.db", " (a file
-in the current directory). The command sees the fencing token in $POLYLOCK_FENCE.
-")
+in the current directory). The command sees the fencing token in $POLYLOCK_FENCE and the
+lock name in $POLYLOCK_NAME. Logs go to stderr: -v for debug, -vv for trace, or RUST_LOG
+(e.g. RUST_LOG=lock_core=trace,backend_redis=debug).
+
+", include_str!("exit_help.txt"))
 )]
 struct Cli {
-    /// Lock service URL (memory://, sqlite://FILE, postgres://..., mysql://..., redis://...).
+    /// Lock service URL (the schemes of this build are listed here at run time).
     #[arg(long, global = true, env = "POLYLOCK_URL", hide_env_values = true)]
     url: Option<String>,
+    /// More logging on stderr: -v debug, -vv trace (RUST_LOG overrides).
+    #[arg(short, long, global = true, action = ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The flags `run` and `hold` share with flock(1).
+#[derive(clap::Args, Debug)]
+struct LockFlags {
+    /// Lock name.
+    name: String,
+    /// Lease length (at least 1s); renewed every third of it.
+    #[arg(long, default_value = "30s", value_parser = duration::parse, allow_hyphen_values = true)]
+    ttl: Duration,
+    /// How long to wait for another holder to release [default: 10s].
+    #[arg(short, long, value_parser = duration::parse, allow_hyphen_values = true)]
+    wait: Option<Duration>,
+    /// Do not wait: fail at once if the lock is held (same as --wait 0).
+    #[arg(short, long, conflicts_with = "wait")]
+    nonblock: bool,
+    /// Exit code when the lock is held elsewhere (after -n or --wait).
+    #[arg(short = 'E', long, default_value_t = exit::LOCK_TIMEOUT, value_name = "CODE")]
+    conflict_exit_code: u8,
+}
+
+impl LockFlags {
+    fn args(&self) -> run::LockArgs {
+        run::LockArgs {
+            name: self.name.clone(),
+            ttl: self.ttl,
+            wait: if self.nonblock {
+                Duration::ZERO
+            } else {
+                self.wait.unwrap_or(Duration::from_secs(10))
+            },
+            conflict: self.conflict_exit_code,
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Take the lock, run COMMAND while keeping the lock renewed, release it when COMMAND exits.
-    #[command(after_help = exit::HELP)]
+    #[command(after_help = concat!("Examples:
+  polylock run nightly-report -- ./report.sh --full
+  polylock run -n backup -- rsync -a /data backup:/data
+  polylock run -w 1m -E 0 cleanup -c 'find /tmp -mtime +7 -delete'
+
+COMMAND runs in its own process group and dies with polylock (even if polylock is
+killed). SIGINT, SIGTERM and SIGHUP reach it once. If renewals fail, it gets SIGTERM
+early enough that SIGTERM + --grace ends at the lease's deadline, and SIGKILL at the
+deadline; if the lock is found lost, it is killed at once.
+
+", include_str!("exit_help.txt")))]
     Run {
-        /// Lock name.
-        name: String,
-        /// Lease length; renewed every third of it while COMMAND runs.
-        #[arg(long, default_value = "30s", value_parser = duration::parse)]
-        ttl: Duration,
-        /// How long to wait for another holder to release (0: do not wait).
-        #[arg(long, default_value = "10s", value_parser = duration::parse)]
-        wait: Duration,
-        /// After the lock is lost, time between SIGTERM and SIGKILL of COMMAND.
-        #[arg(long, default_value = "10s", value_parser = duration::parse)]
+        #[command(flatten)]
+        lock: LockFlags,
+        /// After renewals start failing, time between SIGTERM and SIGKILL of COMMAND
+        /// (at most a third of the TTL).
+        #[arg(long, default_value = "10s", value_parser = duration::parse, allow_hyphen_values = true)]
         grace: Duration,
-        /// The command and its arguments.
-        #[arg(required = true, last = true, num_args = 1..)]
+        /// Run this shell command line with `sh -c` instead of COMMAND.
+        #[arg(
+            short = 'c',
+            long = "command",
+            value_name = "SHELL_COMMAND",
+            conflicts_with = "command"
+        )]
+        shell: Option<String>,
+        /// The command and its arguments, after `--`.
+        #[arg(required_unless_present = "shell", last = true, num_args = 1..)]
         command: Vec<OsString>,
     },
+    /// Take the lock, print its fencing token, hold it until interrupted or stdin closes.
+    #[command(after_help = concat!("Examples:
+  polylock hold maintenance
+      Hold the lock (renewed) until Ctrl-C; the first line printed is the fencing token.
+  some-producer | polylock hold deploy
+      Hold it until the producer closes the pipe (stdin reaches its end).
+
+", include_str!("exit_help.txt")))]
+    Hold {
+        #[command(flatten)]
+        lock: LockFlags,
+    },
     /// Show who holds a lock, its fencing token and time left (exit 1 if free).
+    #[command(after_help = "Examples:
+  polylock status nightly-report
+  polylock --url redis://cache:6379 status deploy")]
     Status {
         /// Lock name.
         name: String,
@@ -72,6 +149,9 @@ enum Command {
     Guarantees,
     /// UNSAFE: remove a lock whoever holds it. A live holder keeps running
     /// without knowing; only for holders you know are dead.
+    #[command(after_help = "Examples:
+  polylock status nightly-report            # check who holds it first
+  polylock release --force nightly-report")]
     Release {
         /// Lock name.
         name: String,
@@ -111,20 +191,99 @@ impl From<LockError> for Failure {
     }
 }
 
-fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) => {
-            // --help and --version print to stdout and succeed; anything else
-            // is a usage error with the documented exit code.
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(exit::USAGE)
-            } else {
-                ExitCode::SUCCESS
-            };
+/// `text` on one line: drivers' multi-line messages (a server's banner, a
+/// protocol dump) become `; `-separated parts.
+pub(crate) fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The CLI definition, with the `--url` help listing this build's schemes.
+fn command() -> clap::Command {
+    let schemes = polylock::available_schemes()
+        .iter()
+        .map(|s| format!("{s}://"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Cli::command().mut_arg("url", |a| {
+        a.help(format!(
+            "Lock service URL; this build knows {schemes} [default: {DEFAULT_URL}]"
+        ))
+    })
+}
+
+/// Parses the arguments; on error, the exit code to return after the
+/// message was printed.
+fn parse() -> Result<Cli, ExitCode> {
+    let parsed = command()
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m));
+    parsed.map_err(|e| {
+        if e.kind() == ErrorKind::UnknownArgument {
+            if let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) {
+                if !arg.starts_with('-') {
+                    // `polylock run foo echo hi`: the command must follow `--`.
+                    eprintln!(
+                        "error: unexpected argument '{arg}': put the command after `--`, \
+                         e.g. polylock run NAME -- {arg} ...\n\nFor more information, try '--help'."
+                    );
+                    return ExitCode::from(exit::USAGE);
+                }
+            }
         }
+        // --help and --version print to stdout and succeed; anything else
+        // is a usage error with the documented exit code.
+        let _ = e.print();
+        if e.use_stderr() {
+            ExitCode::from(exit::USAGE)
+        } else {
+            ExitCode::SUCCESS
+        }
+    })
+}
+
+/// Logs to stderr: RUST_LOG when set, else warnings (which include why a
+/// lock was lost), debug with -v, trace with -vv.
+fn init_logging(verbose: u8) {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+
+    let level = match verbose {
+        0 => LevelFilter::WARN,
+        1 => LevelFilter::DEBUG,
+        _ => LevelFilter::TRACE,
     };
+    let ours = || {
+        Targets::new()
+            .with_target("polylock", level)
+            .with_target("lock_core", level)
+            .with_target("backend_sql", level)
+            .with_target("backend_redis", level)
+            .with_target("backend_etcd", level)
+    };
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(spec) if !spec.trim().is_empty() => spec.parse::<Targets>().unwrap_or_else(|e| {
+            eprintln!("polylock: warning: ignoring RUST_LOG ({e})");
+            ours()
+        }),
+        _ => ours(),
+    };
+    let _ = tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(filter)
+        .try_init();
+}
+
+fn main() -> ExitCode {
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
+    init_logging(cli.verbose);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -136,46 +295,75 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::BACKEND);
         }
     };
+    // `block_on` polls `dispatch` on this (the main) thread, so the command
+    // is forked from a thread that lives as long as polylock: its
+    // parent-death signal fires only when polylock dies (see child.rs).
     let outcome = rt.block_on(dispatch(cli));
-    // Background releases handed off by guards get a moment to finish.
-    rt.shutdown_timeout(Duration::from_secs(2));
+    // Releases handed off by guards get a moment; a gone server must not
+    // keep polylock alive after the command ended.
+    rt.shutdown_timeout(SHUTDOWN_BUDGET);
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(f) => {
-            eprintln!("polylock: {}", f.message);
+            eprintln!("polylock: {}", one_line(&f.message));
             ExitCode::from(f.code)
         }
     }
 }
 
+/// Connects, and refuses a backend whose locks live inside this process:
+/// it cannot lock anything across processes, so every `polylock` would see
+/// its own, empty, lock table.
+async fn connect(url: &str) -> Result<Locker, Failure> {
+    let locker = polylock::connect(url).await.map_err(|e| {
+        let code = if matches!(e, LockError::Config(_)) {
+            exit::USAGE
+        } else {
+            exit::BACKEND
+        };
+        Failure::new(code, format!("cannot connect to the lock service: {e}"))
+    })?;
+    let g = locker.guarantees();
+    if g.expiry_clock == ExpiryClock::Local {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "the {} backend keeps its locks inside one process: another polylock (or any \
+                 other process) cannot see them, so it cannot lock anything across processes; \
+                 use e.g. sqlite://FILE for a lock on this machine",
+                g.backend
+            ),
+        ));
+    }
+    Ok(locker)
+}
+
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     let url = cli.url.unwrap_or_else(|| DEFAULT_URL.to_string());
-    let connect = || async {
-        polylock::connect(&url).await.map_err(|e| {
-            let code = if matches!(e, LockError::Config(_)) {
-                exit::USAGE
-            } else {
-                exit::BACKEND
-            };
-            Failure::new(code, format!("cannot connect to the lock service: {e}"))
-        })
-    };
     match cli.command {
         Command::Run {
-            name,
-            ttl,
-            wait,
+            lock,
             grace,
+            shell,
             command,
         } => {
-            let locker: Locker = connect().await?;
-            run::run(&locker, &name, ttl, wait, grace, &command).await
+            let command = match shell {
+                Some(line) => vec!["sh".into(), "-c".into(), line.into()],
+                None => command,
+            };
+            run::check_ttl(None, lock.ttl)?;
+            let locker = connect(&url).await?;
+            run::run(&locker, &lock.args(), grace, &command).await
+        }
+        Command::Hold { lock } => {
+            run::check_ttl(None, lock.ttl)?;
+            run::hold(&connect(&url).await?, &lock.args()).await
         }
         Command::Guarantees => {
             print!("{}", polylock::guarantees_table());
             Ok(0)
         }
-        Command::Status { name } => admin::status(&connect().await?, &name).await,
+        Command::Status { name } => admin::status(&connect(&url).await?, &name).await,
         Command::Release { name, force } => {
             if !force {
                 return Err(Failure::new(
@@ -184,7 +372,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                      breaks mutual exclusion; use it only when the holder is dead",
                 ));
             }
-            admin::force_release(&connect().await?, &name).await
+            admin::force_release(&connect(&url).await?, &name).await
         }
     }
 }

@@ -1,118 +1,343 @@
-//! `polylock run`: hold a lock for the lifetime of a child process.
+//! `polylock run`: hold a lock for the lifetime of a child process; and
+//! `polylock hold`: hold it until interrupted or stdin closes.
 
 use std::ffi::OsString;
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
-use polylock::{LockError, Locker};
-use tokio::process::{Child, Command};
+use nix::sys::signal::Signal;
+use polylock::{Guarantees, LockError, LockGuard, Locker};
+use tokio::io::AsyncReadExt;
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::time::{sleep_until, timeout, Instant};
 
+use crate::child::{self, Spawned};
 use crate::duration::show;
 use crate::{exit, Failure};
 
-pub(crate) async fn run(
-    locker: &Locker,
-    name: &str,
-    ttl: Duration,
-    wait: Duration,
-    grace: Duration,
-    command: &[OsString],
-) -> Result<u8, Failure> {
-    // Listen before anything can be held, so a Ctrl-C during the wait or
-    // right after the child starts is never lost.
-    let mut sigint = signal(SignalKind::interrupt()).map_err(signal_failure)?;
-    let mut sigterm = signal(SignalKind::terminate()).map_err(signal_failure)?;
+/// The shortest TTL `run` and `hold` accept. Below it the watchdog's
+/// renewal (every third of the TTL) and the stop before the deadline leave
+/// no room for one slow round trip.
+pub(crate) const MIN_TTL: Duration = Duration::from_secs(1);
 
-    let acquire = locker.lock(name).ttl(ttl).wait(wait).acquire();
-    let guard = tokio::select! {
+/// How long the release at the end may take: polylock exits within about a
+/// second of the command's end even when the lock service is gone (the lock
+/// then expires at its TTL).
+const RELEASE_BUDGET: Duration = Duration::from_millis(700);
+
+/// What `run` and `hold` share.
+pub(crate) struct LockArgs {
+    pub(crate) name: String,
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Duration,
+    /// Exit code when the lock is held elsewhere (flock's `-E`).
+    pub(crate) conflict: u8,
+}
+
+/// SIGINT, SIGTERM and SIGHUP, listened to before anything is held so none
+/// is lost.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Self, Failure> {
+        let fail = |e: std::io::Error| {
+            Failure::new(
+                exit::BACKEND,
+                format!("cannot install signal handlers: {e}"),
+            )
+        };
+        Ok(Signals {
+            int: signal(SignalKind::interrupt()).map_err(fail)?,
+            term: signal(SignalKind::terminate()).map_err(fail)?,
+            hup: signal(SignalKind::hangup()).map_err(fail)?,
+        })
+    }
+
+    /// The next of the three to arrive. Cancel safe (each `recv` is).
+    async fn recv(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.int.recv() => Signal::SIGINT,
+            _ = self.term.recv() => Signal::SIGTERM,
+            _ = self.hup.recv() => Signal::SIGHUP,
+        }
+    }
+}
+
+/// Refuses a TTL the watchdog cannot keep: below [`MIN_TTL`] (checked
+/// before connecting, with `backend` None) or below the backend's minimum.
+pub(crate) fn check_ttl(backend: Option<&Guarantees>, ttl: Duration) -> Result<(), Failure> {
+    let backend_min = backend.map_or(Duration::ZERO, |g| g.min_ttl);
+    let floor = MIN_TTL.max(backend_min);
+    if ttl < floor {
+        let why = match backend {
+            Some(g) if g.min_ttl > MIN_TTL => {
+                format!("{} cannot grant less than {}", g.backend, show(g.min_ttl))
+            }
+            _ => format!(
+                "below {} the lock cannot be renewed and the command stopped before it expires",
+                show(MIN_TTL)
+            ),
+        };
+        return Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "invalid TTL: --ttl {} is too short: the smallest TTL is {} ({why})",
+                show(ttl),
+                show(floor)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Takes the lock, or explains why not (exit `conflict` when held elsewhere).
+/// `Ok(Err(code))`: a signal arrived while waiting.
+async fn take(
+    locker: &Locker,
+    args: &LockArgs,
+    signals: &mut Signals,
+) -> Result<Result<LockGuard, u8>, Failure> {
+    let acquire = locker
+        .lock(&args.name)
+        .ttl(args.ttl)
+        .wait(args.wait)
+        .acquire();
+    tokio::select! {
         r = acquire => match r {
-            Ok(g) => g,
+            Ok(g) => Ok(Ok(g)),
             Err(LockError::Timeout { .. }) => {
-                let holder = match locker.inspect(name).await {
+                let holder = match locker.inspect(&args.name).await {
                     Ok(Some(h)) => format!(" (held, fencing token {})", h.fence.map_or("?".into(), |f| f.to_string())),
                     _ => String::new(),
                 };
-                return Err(Failure::new(
-                    exit::LOCK_TIMEOUT,
-                    format!("lock {name:?} not taken within {}{holder}; command not run", show(wait)),
-                ));
+                Err(Failure::new(
+                    args.conflict,
+                    format!("lock {:?} not taken within {}{holder}; command not run", args.name, show(args.wait)),
+                ))
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => Err(e.into()),
         },
-        _ = sigint.recv() => return Ok(130),
-        _ = sigterm.recv() => return Ok(143),
-    };
+        sig = signals.recv() => Ok(Err(128 + sig as u8)),
+    }
+}
 
-    let (program, args) = command.split_first().expect("clap requires a command");
-    let mut child = match Command::new(program)
-        .args(args)
-        .env("POLYLOCK_FENCE", guard.fence().to_string())
-        .env("POLYLOCK_NAME", name)
-        .kill_on_drop(false)
-        .spawn()
-    {
+/// Releases at the end, within [`RELEASE_BUDGET`]. `Err(Lost)` passes through.
+async fn release(guard: LockGuard, ttl: Duration) -> Result<(), LockError> {
+    match timeout(RELEASE_BUDGET, guard.release()).await {
+        Ok(Err(e)) if e.is_lost() => Err(e),
+        Ok(Err(e)) => {
+            eprintln!(
+                "polylock: warning: release failed, the lock expires in at most {}: {}",
+                show(ttl),
+                crate::one_line(&e.to_string())
+            );
+            Ok(())
+        }
+        Err(_) => {
+            eprintln!(
+                "polylock: warning: the lock service did not answer the release within {}; \
+                 the lock expires in at most {}",
+                show(RELEASE_BUDGET),
+                show(ttl)
+            );
+            Ok(())
+        }
+        Ok(Ok(())) => Ok(()),
+    }
+}
+
+/// Why the lock went away, as far as this process can tell. The loss
+/// reason lock-core logs (a `WARN` line) says more.
+fn loss_cause(deadline: Instant, renewals_failing_since: Option<Instant>) -> String {
+    let now = Instant::now();
+    if now >= deadline {
+        match renewals_failing_since {
+            Some(since) => format!(
+                "no renewal succeeded in the {} before the lease's deadline",
+                show(now.saturating_duration_since(since))
+            ),
+            None => "the lease's deadline passed without a successful renewal (the lock service \
+                     was unreachable or slow, or polylock was paused)"
+                .to_string(),
+        }
+    } else {
+        "the lock service refused the renewal: the lease is no longer ours (it expired there, \
+         was removed with `release --force`, or was taken over)"
+            .to_string()
+    }
+}
+
+pub(crate) async fn run(
+    locker: &Locker,
+    args: &LockArgs,
+    grace: Duration,
+    command: &[OsString],
+) -> Result<u8, Failure> {
+    let mut signals = Signals::new()?;
+    check_ttl(Some(&locker.guarantees()), args.ttl)?;
+    let guard = match take(locker, args, &mut signals).await? {
+        Ok(g) => g,
+        Err(code) => return Ok(code),
+    };
+    let name = &args.name;
+    // SIGTERM + grace must fit between the missed renewal (a third of the
+    // TTL after the last one) and the deadline.
+    let grace = grace.min(guard.lease().ttl() / 3);
+
+    let (program, argv) = command.split_first().expect("clap requires a command");
+    let env = [
+        ("POLYLOCK_FENCE", guard.fence().to_string()),
+        ("POLYLOCK_NAME", name.clone()),
+    ];
+    let mut cmd: Spawned = match child::spawn(program, argv, &env) {
         Ok(c) => c,
         Err(e) => {
-            let _ = guard.release().await;
+            let _ = release(guard, args.ttl).await;
             let what = program.to_string_lossy();
             let code = match e.kind() {
-                ErrorKind::NotFound => exit::CANNOT_EXEC,
-                ErrorKind::PermissionDenied => 126,
+                ErrorKind::PermissionDenied => exit::CANNOT_EXECUTE,
                 _ => exit::CANNOT_EXEC,
             };
             return Err(Failure::new(code, format!("cannot run {what}: {e}")));
         }
     };
 
-    loop {
+    // Set once SIGTERM went out because renewals are failing: the deadline
+    // SIGKILL is due at.
+    let mut stopping: Option<(Instant, Instant)> = None;
+    // Set once the lock is gone and the command was killed: why.
+    let mut lost: Option<String> = None;
+    let status = loop {
+        let lease = guard.lease();
+        let deadline = lease.deadline();
+        let term_at = deadline.checked_sub(grace).unwrap_or(deadline);
+        let kill_at = stopping.map_or(deadline, |(_, d)| d);
         tokio::select! {
-            status = child.wait() => {
-                let status = status.map_err(|e| Failure::new(exit::BACKEND, format!("waiting for the command: {e}")))?;
-                return match guard.release().await {
-                    Ok(()) => Ok(code_of(status)),
-                    // The command finished, but the lock was gone before it did:
-                    // its work may have overlapped another holder's.
-                    Err(LockError::Lost { .. }) => Err(Failure::new(
-                        exit::LOCK_LOST,
-                        format!("lock {name:?} was lost before the command finished: it was expired, removed or granted to another holder, so the work may have overlapped theirs"),
-                    )),
-                    // The release failed (server unreachable): the lock expires
-                    // at its TTL; the command's result still stands.
-                    Err(e) => {
-                        eprintln!("polylock: warning: release failed, the lock expires in at most {}: {e}", show(ttl));
-                        Ok(code_of(status))
-                    }
-                };
+            status = cmd.child.wait() => break status,
+            _ = guard.lost(), if lost.is_none() => {
+                // The lock is already gone: every moment the command runs
+                // may overlap another holder, so no grace.
+                cmd.signal(Signal::SIGKILL);
+                let cause = loss_cause(deadline, stopping.map(|(since, _)| since));
+                eprintln!("polylock: lock {name:?} was lost: {cause}; killed the command");
+                lost = Some(cause);
             }
-            _ = guard.lost() => {
-                eprintln!("polylock: lock {name:?} was lost; stopping the command");
-                terminate(&mut child, grace).await;
-                let _ = guard.release().await;
-                return Err(Failure::new(exit::LOCK_LOST, format!("lock {name:?} lost while the command ran")));
+            _ = sleep_until(term_at), if stopping.is_none() && lost.is_none() => {
+                // Woken at the stop time of the lease we read; a renewal
+                // in between moved the deadline and the loop goes round.
+                if guard.lease().deadline() == lease.deadline() {
+                    eprintln!(
+                        "polylock: lock {name:?}: renewals are failing; sending SIGTERM, \
+                         SIGKILL in {} at the lease's deadline",
+                        show(deadline.saturating_duration_since(Instant::now()))
+                    );
+                    cmd.signal(Signal::SIGTERM);
+                    // The renewal was due a third of the TTL after the last one.
+                    let due = lease.sent_at() + lease.ttl() / 3;
+                    stopping = Some((due, deadline));
+                }
             }
-            _ = sigint.recv() => forward(&child, Signal::SIGINT),
-            _ = sigterm.recv() => forward(&child, Signal::SIGTERM),
+            _ = sleep_until(kill_at), if stopping.is_some() && lost.is_none() => {
+                cmd.signal(Signal::SIGKILL);
+                lost = Some(loss_cause(deadline, stopping.map(|(since, _)| since)));
+            }
+            sig = signals.recv() => cmd.signal(sig),
+        }
+    };
+    cmd.restore_terminal();
+    let status =
+        status.map_err(|e| Failure::new(exit::BACKEND, format!("waiting for the command: {e}")))?;
+    if let Some(cause) = lost {
+        let _ = release(guard, args.ttl).await;
+        return Err(Failure::new(
+            exit::LOCK_LOST,
+            format!("lock {name:?} lost while the command ran: {cause}"),
+        ));
+    }
+    if stopping.is_some() {
+        let _ = release(guard, args.ttl).await;
+        return Err(Failure::new(
+            exit::LOCK_LOST,
+            format!(
+                "lock {name:?}: the command was stopped because renewals failed \
+                 (it exited with {})",
+                code_of(status)
+            ),
+        ));
+    }
+    match release(guard, args.ttl).await {
+        Ok(()) => Ok(code_of(status)),
+        // The command finished, but the lock was gone before it did:
+        // its work may have overlapped another holder's.
+        Err(LockError::Lost { .. }) => Err(Failure::new(
+            exit::LOCK_LOST,
+            format!(
+                "lock {name:?} was lost before the command finished: it was expired, removed \
+                 or granted to another holder, so the work may have overlapped theirs"
+            ),
+        )),
+        // The release failed (server unreachable): the lock expires at its
+        // TTL; the command's result still stands.
+        Err(e) => {
+            eprintln!(
+                "polylock: warning: release failed, the lock expires in at most {}: {e}",
+                show(args.ttl)
+            );
+            Ok(code_of(status))
         }
     }
 }
 
-/// SIGTERM, then SIGKILL once `grace` has passed.
-async fn terminate(child: &mut Child, grace: Duration) {
-    forward(child, Signal::SIGTERM);
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
-        let _ = child.kill().await;
+/// `polylock hold`: take the lock, print its fencing token, keep it until a
+/// signal arrives or stdin closes.
+pub(crate) async fn hold(locker: &Locker, args: &LockArgs) -> Result<u8, Failure> {
+    let mut signals = Signals::new()?;
+    check_ttl(Some(&locker.guarantees()), args.ttl)?;
+    let guard = match take(locker, args, &mut signals).await? {
+        Ok(g) => g,
+        Err(code) => return Ok(code),
+    };
+    let mut out = std::io::stdout();
+    // A closed stdout (the reader went away) is no reason to keep the lock.
+    if writeln!(out, "{}", guard.fence())
+        .and_then(|()| out.flush())
+        .is_err()
+    {
+        let _ = release(guard, args.ttl).await;
+        return Ok(exit::BACKEND);
     }
-}
-
-fn forward(child: &Child, sig: Signal) {
-    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
-        // The child may have exited in between; ESRCH is harmless.
-        let _ = kill(Pid::from_raw(pid), sig);
+    let mut stdin = tokio::io::stdin();
+    let stdin_closed = async {
+        let mut buf = [0u8; 256];
+        // Input is ignored; only its end matters.
+        while let Ok(n) = stdin.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    let name = &args.name;
+    tokio::select! {
+        _ = stdin_closed => {}
+        _ = signals.recv() => {}
+        _ = guard.lost() => {
+            let cause = loss_cause(guard.lease().deadline(), None);
+            let _ = release(guard, args.ttl).await;
+            return Err(Failure::new(exit::LOCK_LOST, format!("lock {name:?} was lost: {cause}")));
+        }
+    }
+    match release(guard, args.ttl).await {
+        Ok(()) => Ok(0),
+        Err(_) => Err(Failure::new(
+            exit::LOCK_LOST,
+            format!("lock {name:?} was lost before it was released"),
+        )),
     }
 }
 
@@ -122,11 +347,4 @@ fn code_of(status: ExitStatus) -> u8 {
         (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(255),
         _ => 1,
     }
-}
-
-fn signal_failure(e: std::io::Error) -> Failure {
-    Failure::new(
-        exit::BACKEND,
-        format!("cannot install signal handlers: {e}"),
-    )
 }

@@ -1,0 +1,133 @@
+//! Starting the command so that it cannot outlive polylock, and signalling it.
+//!
+//! The command runs in a process group of its own. That is what makes every
+//! signal reach it exactly once: a signal sent to polylock's group (a shell's
+//! `kill -INT -PGID`, a supervisor stopping the job) reaches only polylock,
+//! which forwards one copy to the command's group. When polylock runs in the
+//! foreground of a terminal, the terminal is handed to the command's group
+//! (as a shell does for a job), so a Ctrl-C goes to the command directly and
+//! polylock, which no longer gets it, forwards nothing: still one copy. The
+//! command can read the terminal as if it had been started by the shell.
+//!
+//! The command gets a parent-death signal (SIGKILL) set between fork and
+//! exec, so it dies when polylock dies, even of SIGKILL. Linux sends it when
+//! the *thread* that forked exits: the command is spawned from the future
+//! that `main` drives with `block_on`, so the forking thread is the main
+//! thread, which lives as long as polylock.
+
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::AsFd;
+
+use nix::sys::signal::{killpg, SigSet, SigmaskHow, Signal};
+use nix::unistd::{getpgrp, getpid, getppid, tcgetpgrp, tcsetpgrp, Pid};
+use tokio::process::{Child, Command};
+
+/// The running command.
+pub(crate) struct Spawned {
+    pub(crate) child: Child,
+    /// The command's process group (its pid: it leads the group).
+    group: Pid,
+    /// Set when the terminal was handed to the command's group and must be
+    /// taken back when it ends.
+    terminal: bool,
+}
+
+/// Starts `program args` in its own process group, with `env` added, dying
+/// with polylock.
+pub(crate) fn spawn(
+    program: &OsString,
+    args: &[OsString],
+    env: &[(&str, String)],
+) -> io::Result<Spawned> {
+    // The parent-death signal is tied to the forking thread (see above).
+    debug_assert_eq!(std::thread::current().name(), Some("main"));
+    let stdin = io::stdin();
+    // Only a foreground polylock may give the terminal away; in the
+    // background (or with no terminal) the command stays a background job,
+    // as polylock itself was.
+    let terminal = tcgetpgrp(stdin.as_fd()).is_ok_and(|fg| fg == getpgrp());
+    let mut cmd = Command::new(program);
+    cmd.args(args).process_group(0).kill_on_drop(false);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let parent = getpid();
+    die_with_parent(&mut cmd, parent, terminal.then_some(stdin));
+    let child = cmd.spawn()?;
+    let pid = child
+        .id()
+        .and_then(|p| i32::try_from(p).ok())
+        .ok_or_else(|| io::Error::other("the command exited before it could be tracked"))?;
+    Ok(Spawned {
+        child,
+        group: Pid::from_raw(pid),
+        terminal,
+    })
+}
+
+/// Registers the code that runs in the child between fork and exec: the
+/// parent-death signal and, for a foreground polylock, the terminal handover.
+///
+/// `tokio::process::Command::pre_exec` is `unsafe` because the closure runs
+/// in a forked copy of a multi-threaded process, where only async-signal-safe
+/// calls are allowed.
+#[allow(unsafe_code)]
+fn die_with_parent(cmd: &mut Command, parent: Pid, terminal: Option<io::Stdin>) {
+    // SAFETY: the closure only makes system calls that are async-signal-safe
+    // (prctl, getppid, pthread_sigmask, tcsetpgrp, getpid): it does not
+    // allocate, take locks or touch state shared with other threads. The
+    // values it uses (`parent`, the `Stdin` handle, whose buffer was set up
+    // by `io::stdin()` before the fork) were created before the fork and are
+    // only read.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            // polylock may have died between fork and prctl: then the
+            // signal will never come, so give up now.
+            if getppid() != parent {
+                return Err(io::Error::other("polylock exited"));
+            }
+            if let Some(stdin) = &terminal {
+                // We are in a background group now: taking the terminal
+                // raises SIGTTOU unless it is blocked.
+                let mut ttou = SigSet::empty();
+                ttou.add(Signal::SIGTTOU);
+                let old = ttou.thread_swap_mask(SigmaskHow::SIG_BLOCK)?;
+                let taken = tcsetpgrp(stdin.as_fd(), getpid());
+                old.thread_set_mask()?;
+                taken?;
+            }
+            Ok(())
+        });
+    }
+}
+
+impl Spawned {
+    /// Sends `sig` to the command's whole process group. Only call while
+    /// the command has not been reaped (its group id cannot be reused yet).
+    pub(crate) fn signal(&self, sig: Signal) {
+        // ESRCH: everything in the group already exited; harmless.
+        if let Err(e) = killpg(self.group, sig) {
+            tracing::debug!(signal = %sig, error = %e, "polylock: signalling the command failed");
+        }
+    }
+
+    /// Takes the terminal back after the command ended, so the shell and
+    /// polylock's own messages are in the foreground again.
+    pub(crate) fn restore_terminal(&mut self) {
+        if !std::mem::take(&mut self.terminal) {
+            return;
+        }
+        let mut ttou = SigSet::empty();
+        ttou.add(Signal::SIGTTOU);
+        // polylock is a background group now: block SIGTTOU for this call.
+        let Ok(old) = ttou.thread_swap_mask(SigmaskHow::SIG_BLOCK) else {
+            return;
+        };
+        if let Err(e) = tcsetpgrp(io::stdin().as_fd(), getpgrp()) {
+            tracing::debug!(error = %e, "polylock: taking the terminal back failed");
+        }
+        let _ = old.thread_set_mask();
+    }
+}

@@ -1,0 +1,113 @@
+//! Helpers for the tests that spawn the `polylock` binary.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::kill;
+use nix::unistd::Pid;
+
+/// `polylock` in `dir`, with `url` (None: the SQLite default).
+pub(crate) fn polylock(dir: &Path, url: Option<&str>) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_polylock"));
+    c.current_dir(dir)
+        .env_remove("POLYLOCK_URL")
+        .env_remove("RUST_LOG");
+    if let Some(url) = url {
+        c.env("POLYLOCK_URL", url);
+    }
+    c
+}
+
+pub(crate) fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+pub(crate) fn output(cmd: &mut Command) -> Output {
+    cmd.output().expect("spawn polylock")
+}
+
+/// Polls `cond` every 20 ms for up to `limit`; whether it became true.
+pub(crate) fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cond()
+}
+
+/// Waits until `path` exists (the command writes it once it runs).
+pub(crate) fn wait_file(path: &Path) {
+    assert!(
+        eventually(Duration::from_secs(20), || path.exists()),
+        "{} never appeared",
+        path.display()
+    );
+}
+
+/// The pid the command wrote to `path` (`echo $$ > path`).
+pub(crate) fn read_pid(path: &Path) -> Pid {
+    wait_file(path);
+    let mut s = String::new();
+    assert!(eventually(Duration::from_secs(5), || {
+        s = std::fs::read_to_string(path).unwrap_or_default();
+        s.ends_with('\n')
+    }));
+    Pid::from_raw(s.trim().parse().expect("a pid"))
+}
+
+pub(crate) fn alive(pid: Pid) -> bool {
+    kill(pid, None).is_ok()
+}
+
+/// `status NAME` exit code (0 held, 1 free).
+pub(crate) fn status_code(dir: &Path, url: Option<&str>, name: &str) -> Option<i32> {
+    output(polylock(dir, url).args(["status", name]))
+        .status
+        .code()
+}
+
+/// Starts `hold NAME` with stdin kept open; returns it and the fencing
+/// token it printed.
+pub(crate) fn start_hold(dir: &Path, url: Option<&str>, name: &str) -> (Child, u64) {
+    let mut child = polylock(dir, url)
+        .args(["hold", name])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn hold");
+    let stdout: ChildStdout = child.stdout.take().unwrap();
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let fence = line
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("hold printed {line:?}"));
+    (child, fence)
+}
+
+/// `hold` takes the lock (status says held), prints a fence, and releases
+/// it when its stdin closes.
+pub(crate) fn hold_until_stdin_closes(dir: &Path, url: Option<&str>) {
+    let (mut child, fence) = start_hold(dir, url, "held-by-hold");
+    assert!(fence >= 1);
+    assert_eq!(status_code(dir, url, "held-by-hold"), Some(0), "not held");
+    // A second holder cannot get it meanwhile.
+    let busy = output(polylock(dir, url).args(["run", "-n", "held-by-hold", "--", "true"]));
+    assert_eq!(busy.status.code(), Some(75), "{}", text(&busy.stderr));
+    drop(child.stdin.take());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        status_code(dir, url, "held-by-hold"),
+        Some(1),
+        "not released"
+    );
+}

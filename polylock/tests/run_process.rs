@@ -1,0 +1,358 @@
+//! `polylock run` and `hold` as processes on the SQLite default: signals,
+//! parent death, refusals before the command runs, flock(1) flags, help.
+
+mod common;
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+
+#[test]
+fn sigkill_of_polylock_kills_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = polylock(dir.path(), None)
+        .args([
+            "run",
+            "orphan",
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > pid; while true; do sleep 0.1; done",
+        ])
+        .spawn()
+        .unwrap();
+    let pid = read_pid(&dir.path().join("pid"));
+    assert!(alive(pid));
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGKILL).unwrap();
+    run.wait().unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || !alive(pid)),
+        "the command outlived polylock"
+    );
+}
+
+#[test]
+fn sighup_is_forwarded_and_the_lock_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = polylock(dir.path(), None)
+        .args([
+            "run",
+            "hangup",
+            "--",
+            "sh",
+            "-c",
+            "trap 'exit 43' HUP; touch started; while true; do sleep 0.1; done",
+        ])
+        .spawn()
+        .unwrap();
+    wait_file(&dir.path().join("started"));
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGHUP).unwrap();
+    assert_eq!(run.wait().unwrap().code(), Some(43));
+    assert_eq!(
+        status_code(dir.path(), None, "hangup"),
+        Some(1),
+        "still held"
+    );
+}
+
+#[test]
+fn one_sigint_to_the_process_group_reaches_the_command_once() {
+    let dir = tempfile::tempdir().unwrap();
+    // `wait` is interrupted by a trapped signal, so each delivery runs the
+    // trap once; the background sleep ignores SIGINT (non-interactive sh).
+    let mut run = polylock(dir.path(), None)
+        .args([
+            "run",
+            "ctrl-c",
+            "--",
+            "sh",
+            "-c",
+            "trap 'echo int >> ints' INT; trap 'exit 0' TERM; touch started; \
+             while true; do sleep 1 & wait $!; done",
+        ])
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    wait_file(&dir.path().join("started"));
+    let group = Pid::from_raw(run.id() as i32);
+    // What a terminal's Ctrl-C or `kill -INT -PGID` does: the whole group.
+    killpg(group, Signal::SIGINT).unwrap();
+    let ints = dir.path().join("ints");
+    wait_file(&ints);
+    // Give a second copy every chance to arrive before counting.
+    std::thread::sleep(Duration::from_millis(1500));
+    kill(group, Signal::SIGTERM).unwrap();
+    assert_eq!(run.wait().unwrap().code(), Some(0));
+    let got = std::fs::read_to_string(&ints).unwrap();
+    assert_eq!(got.lines().count(), 1, "SIGINT delivered {got:?}");
+}
+
+#[test]
+fn memory_urls_and_tiny_ttls_are_refused_before_the_command_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        &["run", "x", "--", "touch", "ran"][..],
+        &["hold", "x"],
+        &["status", "x"],
+        &["release", "--force", "x"],
+    ] {
+        let out = output(polylock(dir.path(), Some("memory://t")).args(args));
+        assert_eq!(out.status.code(), Some(64), "{args:?}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("inside one process") && err.contains("across processes"),
+            "{args:?}: {err}"
+        );
+    }
+    for ttl in ["1ms", "5ms", "999ms"] {
+        let out = output(
+            polylock(dir.path(), None).args(["run", "--ttl", ttl, "x", "--", "touch", "ran"]),
+        );
+        assert_eq!(out.status.code(), Some(64), "{ttl}");
+        let err = text(&out.stderr);
+        assert!(err.contains("smallest TTL is 1s"), "{err}");
+        let out = output(polylock(dir.path(), None).args(["hold", "--ttl", ttl, "x"]));
+        assert_eq!(out.status.code(), Some(64), "hold {ttl}");
+    }
+    assert!(!dir.path().join("ran").exists(), "the command ran");
+    // Refused before any I/O: not even the SQLite file was created.
+    assert!(!dir.path().join("polylock.db").exists());
+}
+
+#[test]
+fn nonblock_conflict_exit_code_and_shell_command_work_like_flock() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = output(polylock(dir.path(), None).args([
+        "run",
+        "job",
+        "-c",
+        "echo \"$POLYLOCK_NAME:$POLYLOCK_FENCE\"; exit 5",
+    ]));
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "job:1");
+
+    let (mut holder, fence) = start_hold(dir.path(), None, "job");
+    assert_eq!(fence, 2);
+    let started = Instant::now();
+    let out =
+        output(polylock(dir.path(), None).args(["run", "-n", "-E", "3", "job", "-c", "touch ran"]));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    // -n does not wait (the default wait is 10s).
+    assert!(started.elapsed() < Duration::from_secs(8));
+    let out = output(
+        polylock(dir.path(), None).args(["run", "-w", "200ms", "job", "--", "touch", "ran"]),
+    );
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert!(!dir.path().join("ran").exists(), "ran without the lock");
+    // -c and a COMMAND together are ambiguous.
+    let out = output(polylock(dir.path(), None).args(["run", "job", "-c", "true", "--", "true"]));
+    assert_eq!(out.status.code(), Some(64));
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
+}
+
+#[test]
+fn hold_works_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    hold_until_stdin_closes(dir.path(), None);
+    // And until interrupted.
+    let (mut holder, _) = start_hold(dir.path(), None, "h2");
+    kill(Pid::from_raw(holder.id() as i32), Signal::SIGINT).unwrap();
+    assert!(holder.wait().unwrap().success());
+    assert_eq!(status_code(dir.path(), None, "h2"), Some(1));
+}
+
+#[test]
+fn help_lists_every_scheme_the_exit_codes_and_examples() {
+    let dir = tempfile::tempdir().unwrap();
+    let help = text(&output(polylock(dir.path(), None).arg("--help")).stdout);
+    for scheme in polylock::available_schemes() {
+        assert!(
+            help.contains(&format!("{scheme}://")),
+            "{scheme} missing: {help}"
+        );
+    }
+    assert!(help.contains("etcd://"));
+    assert!(help.contains("126 "), "{help}");
+    assert!(help.contains("POLYLOCK_NAME"), "{help}");
+    for sub in ["run", "hold", "status", "release"] {
+        let h = text(&output(polylock(dir.path(), None).args([sub, "--help"])).stdout);
+        assert!(h.contains("Examples:"), "{sub}: {h}");
+    }
+    let out = output(polylock(dir.path(), None).args(["run", "foo", "echo", "hi"]));
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        text(&out.stderr).contains("put the command after `--`"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = output(polylock(dir.path(), None).args(["run", "--ttl", "-1", "x", "--", "true"]));
+    assert_eq!(out.status.code(), Some(64));
+    let err = text(&out.stderr);
+    assert!(!err.contains("-- -1"), "{err}");
+    assert!(err.contains("not a duration"), "{err}");
+}
+
+#[test]
+fn status_escapes_names_for_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "evil\n\u{1b}[31mred";
+    let (mut holder, _) = start_hold(dir.path(), None, name);
+    let out = output(polylock(dir.path(), None).args(["status", name]));
+    assert_eq!(out.status.code(), Some(0));
+    let shown = text(&out.stdout);
+    assert!(!shown.contains('\u{1b}'), "{shown:?}");
+    assert!(
+        shown.starts_with("evil\\n\\u{1b}[31mred: held by"),
+        "{shown:?}"
+    );
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
+    let out = output(polylock(dir.path(), None).args(["status", name]));
+    assert!(!text(&out.stdout).contains('\n') || text(&out.stdout).lines().count() == 1);
+    assert!(!text(&out.stdout).contains('\u{1b}'));
+}
+
+#[test]
+fn a_non_redis_server_gives_a_one_line_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let mut conn = conn;
+            let _ = conn
+                .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\n\r\nbad\n");
+        }
+    });
+    let url = format!("redis://127.0.0.1:{port}");
+    let out = output(polylock(dir.path(), Some(&url)).args(["run", "-n", "x", "--", "true"]));
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.starts_with("polylock: cannot connect"), "{err}");
+}
+
+#[test]
+fn a_forced_release_names_the_cause_and_verbose_shows_renewals() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = polylock(dir.path(), None)
+        .args([
+            "-vv",
+            "run",
+            "--ttl",
+            "1s",
+            "taken",
+            "-c",
+            "touch started; sleep 30",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_file(&dir.path().join("started"));
+    // Let at least one renewal (every third of the TTL) happen.
+    std::thread::sleep(Duration::from_millis(800));
+    let out = output(polylock(dir.path(), None).args(["release", "--force", "taken"]));
+    assert!(out.status.success());
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(76));
+    let err = text(&out.stderr);
+    assert!(err.contains("renewed"), "no trace of renewals: {err}");
+    assert!(err.contains("refused the renewal"), "{err}");
+    // RUST_LOG is honoured too.
+    let out = output(
+        polylock(dir.path(), None)
+            .env("RUST_LOG", "lock_core=trace")
+            .args(["run", "--ttl", "1s", "quiet", "--", "sleep", "0.8"]),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("renewed"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// On a terminal (a pty from util-linux `script`), Ctrl-C reaches the
+/// command once, and the command can read the terminal: it owns the
+/// foreground while it runs.
+#[test]
+fn ctrl_c_on_a_terminal_reaches_the_command_once_and_it_reads_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let polylock_bin = env!("CARGO_BIN_EXE_polylock");
+    let inner = format!(
+        "{polylock_bin} run tty -- sh -c 'trap \"echo int >> ints\" INT; touch started; i=0; \
+         while [ $i -lt 100 ]; do i=$((i+1)); if read line; then [ \"$line\" = done ] && exit 7; fi; done; exit 1'"
+    );
+    let mut script = std::process::Command::new("script")
+        .args(["-qfec", &inner, "/dev/null"])
+        .current_dir(dir.path())
+        .env_remove("POLYLOCK_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("util-linux `script` is needed for this test");
+    wait_file(&dir.path().join("started"));
+    let mut tty = script.stdin.take().unwrap();
+    tty.write_all(b"\x03").unwrap();
+    tty.flush().unwrap();
+    let ints = dir.path().join("ints");
+    wait_file(&ints);
+    // Give a second copy every chance to arrive before counting.
+    std::thread::sleep(Duration::from_millis(1500));
+    tty.write_all(b"done\n").unwrap();
+    tty.flush().unwrap();
+    let out = script.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stdout));
+    let got = std::fs::read_to_string(&ints).unwrap();
+    assert_eq!(got.lines().count(), 1, "SIGINT delivered {got:?}");
+    drop(tty);
+}
+
+/// polylock paused past the lease's deadline (SIGSTOP): on resume the loss
+/// is noticed late, and the command is killed at once, not after --grace.
+#[test]
+fn a_loss_noticed_late_kills_the_command_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = polylock(dir.path(), None)
+        .args([
+            "run",
+            "--ttl",
+            "1s",
+            "--grace",
+            "10s",
+            "paused",
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > pid; trap '' TERM; while true; do sleep 0.1; done",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = read_pid(&dir.path().join("pid"));
+    let polylock_pid = Pid::from_raw(run.id() as i32);
+    kill(polylock_pid, Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    kill(polylock_pid, Signal::SIGCONT).unwrap();
+    let resumed = Instant::now();
+    // Far below the 10s grace, generous for a busy machine.
+    assert!(
+        eventually(Duration::from_secs(3), || !alive(pid)),
+        "the command still ran {:?} after polylock resumed",
+        resumed.elapsed()
+    );
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(76), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("was lost"),
+        "{}",
+        text(&out.stderr)
+    );
+}
