@@ -121,7 +121,8 @@ pub const REDLOCK_URL_SCHEMES: &[&str] = &["redlock"];
 pub const REDLOCK_MIN_TTL: Duration = Duration::from_millis(100);
 
 /// What can make Redlock's fencing tokens go backwards.
-pub const REDLOCK_FENCING_CAVEAT: &str = "each node keeps its own counter and a lease's token is the \
+pub const REDLOCK_FENCING_CAVEAT: &str =
+    "each node keeps its own counter and a lease's token is the \
      maximum over a majority, written back to it: a node of that majority that restarts without \
      having persisted its writes (no appendfsync always) and rejoins before the longest TTL has \
      passed can let a later majority miss the token, repeating or lowering it; so can a node whose \
@@ -461,7 +462,11 @@ impl RedlockBackend {
                 // Write the token back to the granting nodes before the
                 // lease exists: the argument in the module docs.
                 let mut raise = RAISE_FENCE.prepare_invoke();
-                raise.key(&keys.lock).key(&keys.fence).arg(&owner).arg(fence);
+                raise
+                    .key(&keys.lock)
+                    .key(&keys.fence)
+                    .arg(&owner)
+                    .arg(fence);
                 let limit = self.inner.config.timeout;
                 let raised = join_all(
                     granted
@@ -499,7 +504,10 @@ impl RedlockBackend {
                         &req.name,
                         "took the fencing token",
                         "no longer held",
-                        &format!("not acquired (undone on every node); {}", validity_left(now)),
+                        &format!(
+                            "not acquired (undone on every node); {}",
+                            validity_left(now)
+                        ),
                     )
                 };
                 self.undo(&keys, &owner).await;
@@ -528,7 +536,10 @@ impl RedlockBackend {
             &req.name,
             "granted",
             "held by another client",
-            &format!("not acquired (undone on every node); {}", validity_left(now)),
+            &format!(
+                "not acquired (undone on every node); {}",
+                validity_left(now)
+            ),
         )))
     }
 
@@ -690,9 +701,10 @@ impl LockBackend for RedlockBackend {
                 Err(f) => tally.fail(i, &f),
             }
         }
-        let majority = rows.iter().filter_map(|r| r.0.as_deref()).find(|v| {
-            rows.iter().filter(|r| r.0.as_deref() == Some(*v)).count() >= self.quorum()
-        });
+        let majority = rows
+            .iter()
+            .filter_map(|r| r.0.as_deref())
+            .find(|v| rows.iter().filter(|r| r.0.as_deref() == Some(*v)).count() >= self.quorum());
         let Some(value) = majority.map(str::to_string) else {
             if rows.len() < self.quorum() {
                 tally.ok = rows.len();
@@ -782,10 +794,7 @@ mod tests {
         };
         // validity = ttl - elapsed - drift, so the deadline (send + elapsed
         // + validity) is send + ttl - drift, whatever the elapsed time.
-        assert_eq!(
-            policy.deadline(sent, ttl),
-            sent + ttl - cfg.drift_for(ttl)
-        );
+        assert_eq!(policy.deadline(sent, ttl), sent + ttl - cfg.drift_for(ttl));
     }
 
     #[test]

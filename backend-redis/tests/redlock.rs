@@ -49,7 +49,11 @@ async fn value_on(server: &RedisServer, key: &str) -> Option<String> {
         .get_multiplexed_async_connection()
         .await
         .expect("raw connection");
-    redis::cmd("GET").arg(key).query_async(&mut c).await.unwrap()
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut c)
+        .await
+        .unwrap()
 }
 
 /// How many of `servers` have the lock key `key`.
@@ -88,7 +92,9 @@ async fn two_nodes_killed_acquire_renew_and_release_still_work() {
         .await
         .expect("a second client's attempt")
         .is_none());
-    c.release(&renewed).await.expect("release with three of five");
+    c.release(&renewed)
+        .await
+        .expect("release with three of five");
     assert_eq!(holding(&alive, n.as_str()).await, 0);
     let next = other
         .try_acquire(&req(&n, Duration::from_secs(5)))
@@ -135,7 +141,11 @@ async fn three_nodes_killed_acquire_fails_fast_renew_loses_and_survivors_are_cle
         "acquire took {took:?}"
     );
     let survivors = [&servers[3], &servers[4]];
-    assert_eq!(holding(&survivors, n.as_str()).await, 0, "the failed attempt was not undone");
+    assert_eq!(
+        holding(&survivors, n.as_str()).await,
+        0,
+        "the failed attempt was not undone"
+    );
 
     // The watchdog's next renewal cannot reach a majority: lost() fires
     // before the lease's TTL is out.
@@ -158,7 +168,11 @@ async fn paused_majority_acquire_fails_within_the_node_timeout_and_no_stray_lock
     let c = client(&servers).await;
     // Connections are made before the pause, as in a running service.
     let warm = name("warm");
-    let l = c.try_acquire(&req(&warm, Duration::from_secs(1))).await.unwrap().unwrap();
+    let l = c
+        .try_acquire(&req(&warm, Duration::from_secs(1)))
+        .await
+        .unwrap()
+        .unwrap();
     c.release(&l).await.unwrap();
 
     for s in &servers[..3] {
@@ -234,7 +248,8 @@ async fn an_acquire_slower_than_its_validity_is_not_acquired_and_is_undone() {
     let sent = Instant::now();
     let r = undone.try_acquire(&req(&n, ttl)).await;
     assert!(
-        r.as_ref().is_err_and(|e| e.to_string().contains("no validity left")),
+        r.as_ref()
+            .is_err_and(|e| e.to_string().contains("no validity left")),
         "{r:?}"
     );
     let left = holding(&all, n.as_str()).await;
@@ -400,7 +415,10 @@ async fn demonstration_a_restart_delayed_past_the_ttl_keeps_exclusion() {
         attempts += 1;
         sleep(Duration::from_millis(50)).await;
     }
-    assert!(attempts >= 5, "only {attempts} attempts while the first held");
+    assert!(
+        attempts >= 5,
+        "only {attempts} attempts while the first held"
+    );
     // Past the TTL on every node's clock too, then the node rejoins.
     sleep_until(first.sent_at() + ttl + Duration::from_millis(100)).await;
     let s = Arc::clone(&servers);
@@ -472,9 +490,16 @@ async fn node_redlock_on_the_same_five_nodes_and_name_excludes_both_ways() {
     let mut theirs = NodeRedlock::start(&servers).await;
     let n = name("interop");
 
-    assert_eq!(theirs.say(&format!("acquire {n} 10000 0")).await, "acquired");
+    assert_eq!(
+        theirs.say(&format!("acquire {n} 10000 0")).await,
+        "acquired"
+    );
     let all: Vec<&RedisServer> = servers.iter().collect();
-    assert_eq!(holding(&all, n.as_str()).await, 5, "node-redlock locks the name itself");
+    assert_eq!(
+        holding(&all, n.as_str()).await,
+        5,
+        "node-redlock locks the name itself"
+    );
     assert!(
         ours.try_acquire(&req(&n, Duration::from_secs(10)))
             .await
@@ -497,7 +522,10 @@ async fn node_redlock_on_the_same_five_nodes_and_name_excludes_both_ways() {
         "node-redlock took a lock polylock holds"
     );
     ours.release(&lease).await.unwrap();
-    assert_eq!(theirs.say(&format!("acquire {n} 10000 0")).await, "acquired");
+    assert_eq!(
+        theirs.say(&format!("acquire {n} 10000 0")).await,
+        "acquired"
+    );
     assert_eq!(theirs.say(&format!("release {n}")).await, "released");
     theirs.stdin.write_all(b"quit\n").await.unwrap();
 }

@@ -258,7 +258,10 @@ mod tests {
         .unwrap();
         assert_eq!((c.node_count(), c.quorum()), (5, 3));
         assert_eq!(c.timeout, Duration::from_millis(30));
-        assert_eq!(c.drift_for(Duration::from_secs(1)), Duration::from_millis(25));
+        assert_eq!(
+            c.drift_for(Duration::from_secs(1)),
+            Duration::from_millis(25)
+        );
         assert_eq!(c.retry_delay, Duration::from_secs(1));
         let n = &c.nodes[4];
         assert_eq!((n.nodes[0].host.as_str(), n.nodes[0].port), ("e", 5));
