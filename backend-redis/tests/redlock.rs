@@ -539,3 +539,90 @@ async fn fewer_than_three_nodes_is_a_config_error_before_any_io() {
         assert!(matches!(r, Err(LockError::Config(_))), "{url}: {r:?}");
     }
 }
+
+/// A raw command on one node, without the lock layer.
+async fn on_node(server: &RedisServer, cmd: &mut redis::Cmd) -> redis::Value {
+    let mut c = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection");
+    cmd.query_async(&mut c).await.unwrap()
+}
+
+/// The write-back makes the argument hold: a later majority that shares
+/// only ONE node with the holder's still counts on from the holder's token,
+/// even though that token came from a node the later majority lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_majority_sharing_one_node_counts_on_from_the_written_back_token() {
+    let servers = five();
+    let c = client(&servers).await;
+    let n = name("intersect");
+    let keys = c.keys(&n).unwrap();
+    let base: u64 = 1_000_000_000_000_000;
+    for (i, s) in servers.iter().enumerate() {
+        let start = if i == 0 { base + 1000 } else { base };
+        on_node(
+            s,
+            redis::cmd("HSET").arg(&keys.fence).arg("fence").arg(start),
+        )
+        .await;
+    }
+    // Another client holds the name on nodes 3 and 4: the first holder's
+    // majority is exactly 0, 1, 2, and node 0 hands out the largest token.
+    for s in &servers[3..] {
+        on_node(
+            s,
+            redis::cmd("SET")
+                .arg(&keys.lock)
+                .arg("foreign")
+                .arg("PX")
+                .arg(30_000),
+        )
+        .await;
+    }
+    let first = c
+        .try_acquire(&req(&n, Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("a majority is free");
+    assert_eq!(first.fence().get(), base + 1001);
+    for s in &servers[..3] {
+        let v = on_node(s, redis::cmd("HGET").arg(&keys.fence).arg("fence")).await;
+        let counter: u64 = redis::from_redis_value(v).unwrap();
+        assert_eq!(
+            counter,
+            first.fence().get(),
+            "the token was not written back"
+        );
+    }
+    c.release(&first).await.unwrap();
+    // Now the other client holds nodes 0 and 1: the next majority is 2, 3,
+    // 4, sharing only node 2 with the first.
+    for s in &servers[3..] {
+        on_node(s, redis::cmd("DEL").arg(&keys.lock)).await;
+    }
+    for s in &servers[..2] {
+        on_node(
+            s,
+            redis::cmd("SET")
+                .arg(&keys.lock)
+                .arg("foreign")
+                .arg("PX")
+                .arg(30_000),
+        )
+        .await;
+    }
+    let second = c
+        .try_acquire(&req(&n, Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("a majority is free");
+    assert!(
+        second.fence() > first.fence(),
+        "token {:?} after {:?}",
+        second.fence(),
+        first.fence()
+    );
+    c.release(&second).await.unwrap();
+}
