@@ -17,9 +17,10 @@
 //! Exactly the keys, values and scripts of the `plain` format of
 //! `redis://` (see the crate docs): the lock key is the lock name, its
 //! value the owner token, beside it the `__polylock__:{TAG}` hash with the
-//! node's fencing counter. So node-redlock, redsync and redis-py on the same
-//! nodes and name exclude with polylock and polylock with them
-//! (`tests/redlock.rs`). Two scripts are Redlock's own: one raises a node's
+//! node's fencing counter. So node-redlock 5 over the same nodes and name
+//! excludes with polylock and polylock with it (`tests/redlock.rs`); on
+//! each node the key and value are the ones the `plain` format shares with
+//! redis-py, redsync and `SET NX PX` scripts (`tests/peers.rs`). Two scripts are Redlock's own: one raises a node's
 //! counter to the lease's token (`scripts/redlock_raise_fence.lua`), one
 //! undoes a failed attempt (`scripts/redlock_undo.lua`).
 //!

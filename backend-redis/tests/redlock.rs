@@ -626,3 +626,37 @@ async fn a_later_majority_sharing_one_node_counts_on_from_the_written_back_token
     );
     c.release(&second).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_credentials_are_a_config_error_that_never_shows_the_password() {
+    let servers = RedisServer::start_independent(3, &[]).expect("start three redis-servers");
+    // Set after start: the test kit's readiness probe does not log in.
+    for s in &servers {
+        on_node(
+            s,
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("requirepass")
+                .arg("right-one"),
+        )
+        .await;
+    }
+    let r = RedlockBackend::connect(&format!(
+        "redlock://:hunter2@{}",
+        RedisServer::host_list(&servers)
+    ))
+    .await;
+    let Err(e) = r else {
+        panic!("connected with a wrong password: {r:?}")
+    };
+    assert!(matches!(e, LockError::Config(_)), "{e:?}");
+    assert!(!e.to_string().contains("hunter2"), "{e}");
+    assert!(!format!("{e:?}").contains("hunter2"), "{e:?}");
+    let ok = RedlockBackend::connect(&format!(
+        "redlock://:right-one@{}",
+        RedisServer::host_list(&servers)
+    ))
+    .await
+    .expect("the right password");
+    assert!(!format!("{ok:?}").contains("right-one"));
+}
