@@ -456,6 +456,23 @@ impl RedlockBackend {
             }
         };
 
+        let expired = policy.deadline(sent_at, ttl) <= Instant::now();
+        if tally.ok >= self.quorum() && expired {
+            // No validity left already: the write-back would only cost
+            // another round trip.
+            let text = tally.message(
+                "acquire",
+                &req.name,
+                "granted",
+                "held by another client",
+                &format!(
+                    "not acquired (undone on every node): {}",
+                    validity_left(Instant::now())
+                ),
+            );
+            self.undo(&keys, &owner).await;
+            return Err(tally.error(text));
+        }
         if tally.ok >= self.quorum() {
             let fence = granted.iter().map(|&(_, f)| f).max().unwrap_or_default();
             let token = u64::try_from(fence).ok().and_then(FencingToken::new);

@@ -495,10 +495,10 @@ async fn node_redlock_on_the_same_five_nodes_and_name_excludes_both_ways() {
         "acquired"
     );
     let all: Vec<&RedisServer> = servers.iter().collect();
-    assert_eq!(
-        holding(&all, n.as_str()).await,
-        5,
-        "node-redlock locks the name itself"
+    let on = holding(&all, n.as_str()).await;
+    assert!(
+        on >= 3,
+        "node-redlock should lock the name itself on a majority: {on} of 5"
     );
     assert!(
         ours.try_acquire(&req(&n, Duration::from_secs(10)))
