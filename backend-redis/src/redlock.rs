@@ -16,8 +16,9 @@
 //! # On each node
 //! Exactly the keys, values and scripts of the `plain` format of
 //! `redis://` (see the crate docs): the lock key is the lock name, its
-//! value the owner token, beside it the `__polylock__:{TAG}` hash with the
-//! node's fencing counter. So node-redlock 5 over the same nodes and name
+//! value the owner token (followed by a dot and a nonce of the acquire
+//! attempt, see [`attempt_value`]), beside it the `__polylock__:{TAG}`
+//! hash with the node's fencing counter. So node-redlock 5 over the same nodes and name
 //! excludes with polylock and polylock with it (`tests/redlock.rs`); on
 //! each node the key and value are the ones the `plain` format shares with
 //! redis-py, redsync and `SET NX PX` scripts (`tests/peers.rs`). Two scripts are Redlock's own: one raises a node's
@@ -93,7 +94,7 @@ use futures::future::join_all;
 use lock_core::wait::{poll_acquire, Backoff};
 use lock_core::{
     AcquireRequest, ClockPolicy, ExpiryClock, FencingGuarantee, FencingToken, Guarantees,
-    HolderInfo, Lease, LockBackend, LockError, LockName, WaitMechanism,
+    HolderInfo, Lease, LockBackend, LockError, LockName, OwnerToken, WaitMechanism,
 };
 use redis::{FromRedisValue, Script, ScriptInvocation};
 use tokio::sync::OnceCell;
@@ -207,6 +208,38 @@ impl Node {
             Fail::Timeout(d) => format!("{}: no reply within {d:?}", self.addr()),
             Fail::Redis(e) => self.config.scrub(format!("{}: {e}", self.addr())),
         }
+    }
+}
+
+/// The value one acquire attempt stores on the nodes: the owner token, a
+/// dot, and a nonce of this attempt.
+///
+/// Why not the owner token alone: a retry of the same request would then
+/// find the key of an earlier attempt whose reply was lost on a node and
+/// count it as its own grant (the `plain` script's take-over), while that
+/// earlier attempt's undo, still queued on the node, may delete it right
+/// after: the retry would count a node that no longer holds the lock
+/// toward its majority. With a value per attempt, a retry never mistakes
+/// an earlier attempt's key for its own grant, and an undo only ever
+/// removes its own attempt's key.
+fn attempt_value(owner: OwnerToken) -> String {
+    format!("{owner}.{}", &OwnerToken::random().to_string()[..16])
+}
+
+/// The value `lease` stored on the nodes. The lease carries it as its
+/// backend key, which is only believed when it begins with the lease's own
+/// owner token: a lease presented with another owner's token cannot use a
+/// copied key to touch this owner's lock.
+fn stored_value(lease: &Lease) -> String {
+    let owner = lease.owner().to_string();
+    match lease.backend_key() {
+        Some(v)
+            if v.strip_prefix(owner.as_str())
+                .is_some_and(|r| r.starts_with('.')) =>
+        {
+            v.to_string()
+        }
+        _ => owner,
     }
 }
 
@@ -420,7 +453,7 @@ impl RedlockBackend {
     async fn attempt(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         let keys = self.keys(&req.name)?;
         let ttl = Duration::from_millis(ttl_millis(req.ttl.max(REDLOCK_MIN_TTL)));
-        let owner = req.owner.to_string();
+        let owner = attempt_value(req.owner);
         let scripts = self.inner.layout.scripts();
         let mut inv = scripts.acquire.prepare_invoke();
         inv.key(&keys.lock)
@@ -500,7 +533,8 @@ impl RedlockBackend {
                         Err(f) => written.fail(i, &f),
                     }
                 }
-                let lease = Lease::new(req.name.clone(), req.owner, token, ttl, sent_at, policy);
+                let lease = Lease::new(req.name.clone(), req.owner, token, ttl, sent_at, policy)
+                    .with_backend_key(owner.as_str());
                 let now = Instant::now();
                 if written.ok >= self.quorum() && lease.deadline() > now {
                     return Ok(Some(lease));
@@ -614,7 +648,7 @@ impl LockBackend for RedlockBackend {
         let mut inv = self.inner.layout.scripts().renew.prepare_invoke();
         inv.key(&keys.lock)
             .key(&keys.fence)
-            .arg(lease.owner().to_string())
+            .arg(stored_value(lease))
             .arg(lease.fence().get())
             .arg(ttl_ms);
         let sent_at = Instant::now();
@@ -662,7 +696,7 @@ impl LockBackend for RedlockBackend {
         let mut inv = self.inner.layout.scripts().release.prepare_invoke();
         inv.key(&keys.lock)
             .key(&keys.fence)
-            .arg(lease.owner().to_string())
+            .arg(stored_value(lease))
             .arg(lease.fence().get())
             .arg(&keys.channel);
         let replies = self.on_all::<i64>(&inv).await;
@@ -813,6 +847,25 @@ mod tests {
         // validity = ttl - elapsed - drift, so the deadline (send + elapsed
         // + validity) is send + ttl - drift, whatever the elapsed time.
         assert_eq!(policy.deadline(sent, ttl), sent + ttl - cfg.drift_for(ttl));
+    }
+
+    #[test]
+    fn a_lease_uses_its_stored_value_only_under_its_own_owner_token() {
+        let name = LockName::new("x").unwrap();
+        let owner = OwnerToken::random();
+        let value = attempt_value(owner);
+        assert_ne!(value, attempt_value(owner), "one nonce per attempt");
+        let fence = FencingToken::new(7).unwrap();
+        let policy = ClockPolicy::default();
+        let ttl = Duration::from_secs(1);
+        let lease = Lease::new(name.clone(), owner, fence, ttl, Instant::now(), policy)
+            .with_backend_key(value.as_str());
+        assert_eq!(stored_value(&lease), value);
+        // A forged lease that copied the key under another owner's token.
+        let other = OwnerToken::random();
+        let forged = Lease::new(name, other, fence, ttl, Instant::now(), policy)
+            .with_backend_key(value.as_str());
+        assert_eq!(stored_value(&forged), other.to_string());
     }
 
     #[test]

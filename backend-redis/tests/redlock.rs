@@ -660,3 +660,54 @@ async fn refused_credentials_are_a_config_error_that_never_shows_the_password() 
     .expect("the right password");
     assert!(!format!("{ok:?}").contains("right-one"));
 }
+
+/// A key an earlier attempt of the same request left on a majority (its
+/// reply lost, its undo still on the way) is not taken for this attempt's
+/// own grant: the undo could delete it right after, and the attempt would
+/// have counted nodes that no longer hold the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_attempts_leftover_is_not_counted_as_a_grant() {
+    let servers = five();
+    let c = client(&servers).await;
+    for form in ["bare owner token", "owner token and nonce"] {
+        let n = name("leftover");
+        let keys = c.keys(&n).unwrap();
+        let r = req(&n, Duration::from_secs(30));
+        let left = match form {
+            "bare owner token" => r.owner.to_string(),
+            _ => format!("{}.0123456789abcdef", r.owner),
+        };
+        for s in &servers[..3] {
+            on_node(
+                s,
+                redis::cmd("SET")
+                    .arg(&keys.lock)
+                    .arg(&left)
+                    .arg("PX")
+                    .arg(30_000),
+            )
+            .await;
+            on_node(
+                s,
+                redis::cmd("HSET")
+                    .arg(&keys.fence)
+                    .arg("fence")
+                    .arg(1_000_000_000_000_000u64)
+                    .arg("owner")
+                    .arg(&left),
+            )
+            .await;
+        }
+        let got = c.try_acquire(&r).await.expect("attempt");
+        assert!(
+            got.is_none(),
+            "{form}: an earlier attempt's leftover on a majority was counted as this attempt's grant"
+        );
+        let all: Vec<&RedisServer> = servers.iter().collect();
+        assert_eq!(
+            holding(&all, n.as_str()).await,
+            3,
+            "{form}: the leftovers must be left alone"
+        );
+    }
+}
