@@ -36,7 +36,9 @@
 //!   send (`Lease::deadline` = send time + `ttl x (1 - drift_factor) -
 //!   drift`; where the request's own `ClockPolicy` is stricter, it wins).
 //!   Otherwise the attempt is undone on EVERY node, the silent ones
-//!   included (their grant may have happened with the reply lost), and
+//!   included (their grant may have happened with the reply lost; on them
+//!   the undo runs in the background, so a hanging node costs the caller
+//!   one per-node timeout, not two), and
 //!   the attempt reports "not acquired": `Ok(None)` when other holders
 //!   alone made a majority impossible, else a retryable error that says how
 //!   many nodes granted, which failed and why, and what validity was left.
@@ -434,11 +436,33 @@ impl RedlockBackend {
         join_all(self.inner.nodes.iter().map(|n| n.invoke(inv, limit))).await
     }
 
-    /// Removes what an attempt of `owner` may have taken, on every node.
-    async fn undo(&self, keys: &LockKeys, owner: &str) {
+    /// Removes what the attempt that stored `value` may have taken, on every
+    /// node. Waits for the nodes that answered the attempt; on the `silent`
+    /// ones (no reply, an error) the undo runs in a background task, since
+    /// a hanging node would hold the caller for another timeout. Leaving it
+    /// running is safe: it deletes only this attempt's own value.
+    async fn undo(&self, keys: &LockKeys, value: &str, silent: &[usize]) {
+        let (now, later): (Vec<usize>, Vec<usize>) =
+            (0..self.inner.nodes.len()).partition(|i| !silent.contains(i));
+        self.undo_on(keys.clone(), value.to_string(), now).await;
+        if !later.is_empty() {
+            let this = self.clone();
+            let (keys, value) = (keys.clone(), value.to_string());
+            tokio::spawn(async move { this.undo_on(keys, value, later).await });
+        }
+    }
+
+    async fn undo_on(&self, keys: LockKeys, value: String, nodes: Vec<usize>) {
         let mut inv = UNDO.prepare_invoke();
-        inv.key(&keys.lock).arg(owner).arg(&keys.channel);
-        for (i, r) in self.on_all::<i64>(&inv).await.into_iter().enumerate() {
+        inv.key(&keys.lock).arg(&value).arg(&keys.channel);
+        let limit = self.inner.config.timeout;
+        let replies = join_all(
+            nodes
+                .iter()
+                .map(|&i| self.inner.nodes[i].invoke::<i64>(&inv, limit)),
+        )
+        .await;
+        for (&i, r) in nodes.iter().zip(replies) {
             if let Err(f) = r {
                 tracing::debug!(
                     node = %self.inner.nodes[i].addr(),
@@ -469,11 +493,15 @@ impl RedlockBackend {
         let replies = self.on_all::<(i64, i64)>(&inv).await;
         let mut tally = Tally::new(&self.inner.nodes);
         let mut granted = Vec::new();
+        let mut silent = Vec::new();
         for (i, r) in replies.into_iter().enumerate() {
             match r {
                 Ok((1, fence)) => granted.push((i, fence)),
                 Ok(_) => tally.refused += 1,
-                Err(f) => tally.fail(i, &f),
+                Err(f) => {
+                    tally.fail(i, &f);
+                    silent.push(i);
+                }
             }
         }
         tally.ok = granted.len();
@@ -503,7 +531,7 @@ impl RedlockBackend {
                     validity_left(Instant::now())
                 ),
             );
-            self.undo(&keys, &owner).await;
+            self.undo(&keys, &owner, &silent).await;
             return Err(tally.error(text));
         }
         if tally.ok >= self.quorum() {
@@ -530,7 +558,10 @@ impl RedlockBackend {
                     match r {
                         Ok(1) => written.ok += 1,
                         Ok(_) => written.refused += 1,
-                        Err(f) => written.fail(i, &f),
+                        Err(f) => {
+                            written.fail(i, &f);
+                            silent.push(i);
+                        }
                     }
                 }
                 let lease = Lease::new(req.name.clone(), req.owner, token, ttl, sent_at, policy)
@@ -562,11 +593,11 @@ impl RedlockBackend {
                         ),
                     )
                 };
-                self.undo(&keys, &owner).await;
+                self.undo(&keys, &owner, &silent).await;
                 written.permanent |= tally.permanent;
                 return Err(written.error(text));
             }
-            self.undo(&keys, &owner).await;
+            self.undo(&keys, &owner, &silent).await;
             return Err(LockError::permanent(
                 REDLOCK,
                 RedisFailure(format!(
@@ -577,7 +608,7 @@ impl RedlockBackend {
         }
 
         let now = Instant::now();
-        self.undo(&keys, &owner).await;
+        self.undo(&keys, &owner, &silent).await;
         let n = self.inner.nodes.len();
         if tally.refused > n - self.quorum() {
             // Other holders alone rule a majority out: plainly held.
