@@ -279,23 +279,30 @@ impl RedisBackend {
 
     /// What `inspect` shows for a holder other than polylock.
     fn foreign_holder(&self, value: &str) -> String {
-        const SHOWN: usize = 12;
-        let shown: String = value.chars().take(SHOWN).collect();
-        let more = if value.chars().count() > SHOWN {
-            "…"
-        } else {
-            ""
-        };
         format!(
-            "a foreign client (not polylock), value {shown:?}{more}; {}",
+            "{}; {}",
+            foreign_value(value),
             self.inner.foreign_wake.describe()
         )
     }
 }
 
+/// How `inspect` names a holder other than polylock: the start of the
+/// value it stored (a token of its own, not a secret of ours).
+pub(crate) fn foreign_value(value: &str) -> String {
+    const SHOWN: usize = 12;
+    let shown: String = value.chars().take(SHOWN).collect();
+    let more = if value.chars().count() > SHOWN {
+        "…"
+    } else {
+        ""
+    };
+    format!("a foreign client (not polylock), value {shown:?}{more}")
+}
+
 /// A TTL in whole milliseconds, rounded up (`PX` takes milliseconds; a
 /// lease is never shorter than asked).
-fn ttl_millis(ttl: Duration) -> u64 {
+pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
     let ms = ttl.as_nanos().div_ceil(1_000_000);
     u64::try_from(ms).unwrap_or(u64::MAX).max(1)
 }

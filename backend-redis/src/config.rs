@@ -200,7 +200,7 @@ impl RedisConfig {
         }
         if !cluster && nodes.len() > 1 {
             return Err(bad(
-                "several hosts need the redis+cluster:// scheme (Redlock over independent nodes is not implemented)".into(),
+                "several hosts need the redis+cluster:// scheme (one cluster) or redlock:// (independent nodes)".into(),
             ));
         }
 
@@ -298,6 +298,39 @@ impl RedisConfig {
         Ok(cfg)
     }
 
+    /// A single-server, `plain`-format configuration for one node of a
+    /// Redlock set: the set's credentials, database, prefix and per-node
+    /// timeout, so each node is spoken to exactly as `redis://` would.
+    pub(crate) fn redlock_node(
+        node: Node,
+        username: Option<String>,
+        password: Option<String>,
+        db: i64,
+        prefix: String,
+        timeout: Duration,
+    ) -> RedisConfig {
+        let redacted = if node.host.contains(':') {
+            format!("redis://[{}]:{}/{db}", node.host, node.port)
+        } else {
+            format!("redis://{}:{}/{db}", node.host, node.port)
+        };
+        RedisConfig {
+            nodes: vec![node],
+            cluster: false,
+            tls: false,
+            tls_ca: None,
+            username,
+            password,
+            db,
+            format: Format::Plain,
+            prefix,
+            wait_replicas: None,
+            wait_timeout: DEFAULT_WAIT_TIMEOUT,
+            timeout,
+            redacted,
+        }
+    }
+
     /// The URL with the password redacted.
     pub fn url(&self) -> &str {
         &self.redacted
@@ -354,7 +387,7 @@ impl RedisConfig {
     }
 }
 
-fn parse_node(host: &str) -> Result<Node, String> {
+pub(crate) fn parse_node(host: &str) -> Result<Node, String> {
     if host.is_empty() {
         return Err("a host is missing".into());
     }
@@ -393,7 +426,7 @@ fn parse_node(host: &str) -> Result<Node, String> {
     Ok(Node { host: name, port })
 }
 
-fn decode(s: &str) -> Result<String, ()> {
+pub(crate) fn decode(s: &str) -> Result<String, ()> {
     percent_encoding::percent_decode_str(s)
         .decode_utf8()
         .map(|c| c.into_owned())

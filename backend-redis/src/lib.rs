@@ -1,5 +1,8 @@
 //! polylock's Redis backend: one server (`redis://`, `rediss://`) or a Redis
-//! Cluster (`redis+cluster://`), in the `plain` or the Redisson wire format.
+//! Cluster (`redis+cluster://`), in the `plain` or the Redisson wire format;
+//! and Redlock over independent servers (`redlock://`, [`RedlockBackend`]:
+//! the `plain` format on each node, a majority, and a fencing token that
+//! keeps increasing).
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), lock_core::LockError> {
@@ -122,9 +125,15 @@ mod config;
 mod conn;
 mod errors;
 mod format;
+mod redlock;
 mod wait;
 
 pub use backend::{guarantees, RedisBackend, FENCING_CAVEAT};
 pub use config::{Format, RedisConfig, DEFAULT_PREFIX, DEFAULT_TIMEOUT, DEFAULT_WAIT_TIMEOUT};
 pub use format::{redisson_field, LockKeys};
+pub use redlock::{
+    redlock_guarantees, RedlockBackend, RedlockConfig, DEFAULT_DRIFT, DEFAULT_DRIFT_FACTOR,
+    DEFAULT_NODE_TIMEOUT, DEFAULT_RETRY_DELAY, MIN_NODES, REDLOCK_FENCING_CAVEAT, REDLOCK_MIN_TTL,
+    REDLOCK_URL_SCHEMES,
+};
 pub use wait::ForeignWake;

@@ -27,6 +27,8 @@ pub fn declared_guarantees() -> Vec<Guarantees> {
     );
     #[cfg(feature = "redis")]
     all.push(backend_redis::guarantees());
+    #[cfg(feature = "redis")]
+    all.push(backend_redis::redlock_guarantees());
     #[cfg(feature = "etcd")]
     all.push(backend_etcd::guarantees());
     all

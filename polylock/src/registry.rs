@@ -45,6 +45,7 @@ const SCHEMES: &[Scheme] = &[
     scheme!("redis", "redis", connect_redis),
     scheme!("rediss", "redis", connect_redis),
     scheme!("redis+cluster", "redis", connect_redis),
+    scheme!("redlock", "redis", connect_redlock),
     scheme!("etcd", "etcd", connect_etcd),
     scheme!("etcds", "etcd", connect_etcd),
     scheme!("zk", "zookeeper"),
@@ -78,6 +79,16 @@ fn connect_sql(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>
 fn connect_redis(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>> {
     Box::pin(async move {
         let backend = backend_redis::RedisBackend::connect(&url).await?;
+        Ok(Arc::new(backend) as Arc<dyn LockBackend>)
+    })
+}
+
+/// `redlock://h1:p1,h2:p2,h3:p3,...`: Redlock over N >= 3 independent
+/// Redis masters; see `backend_redis::RedlockConfig` for the options.
+#[cfg(feature = "redis")]
+fn connect_redlock(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>> {
+    Box::pin(async move {
+        let backend = backend_redis::RedlockBackend::connect(&url).await?;
         Ok(Arc::new(backend) as Arc<dyn LockBackend>)
     })
 }
@@ -184,5 +195,19 @@ mod tests {
             resolve(&table, "MEMORY://").await.is_ok(),
             "schemes are case-insensitive"
         );
+    }
+
+    /// `redlock://` reaches the Redlock backend: its own configuration
+    /// error (too few nodes), before any I/O.
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn redlock_urls_reach_the_redlock_backend() {
+        let err = connect_backend("redlock://127.0.0.1:1,127.0.0.1:2")
+            .await
+            .unwrap_err();
+        let LockError::Config(m) = err else {
+            panic!("{err:?}")
+        };
+        assert!(m.contains("at least 3 independent nodes"), "{m}");
     }
 }

@@ -60,6 +60,22 @@ impl RedisServer {
         Ok(RedisServer { process, port })
     }
 
+    /// Starts `n` independent servers (no replication between them, as
+    /// Redlock wants its nodes) with the same extra flags.
+    pub fn start_independent(n: usize, extra_args: &[&str]) -> Result<Vec<RedisServer>> {
+        (0..n).map(|_| Self::start_with_args(extra_args)).collect()
+    }
+
+    /// `127.0.0.1:p1,127.0.0.1:p2,...`: the host list of a `redlock://` URL
+    /// over `servers`.
+    pub fn host_list(servers: &[RedisServer]) -> String {
+        servers
+            .iter()
+            .map(|s| s.addr().to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// The TCP port on 127.0.0.1.
     pub fn port(&self) -> u16 {
         self.port

@@ -3,7 +3,8 @@
 // node-redlock users do, `redlock.acquire([NAME], ttl)`, knowing nothing of
 // polylock.
 //
-// usage: node redlock_peer.js URL [cluster]
+// usage: node redlock_peer.js URL[,URL...] [cluster]
+// (several URLs: one client per independent node, Redlock's quorum over them)
 // commands, one per line; one reply line each:
 //   acquire NAME TTL_MS WAIT_MS  -> acquired | busy
 //   release NAME                 -> released | not-owned
@@ -17,12 +18,13 @@ const { default: Redlock, ExecutionError } = require("redlock");
 const RETRY_DELAY_MS = 50;
 
 async function main() {
-  const url = new URL(process.argv[2]);
-  const client =
+  const urls = process.argv[2].split(",");
+  const url = new URL(urls[0]);
+  const clients =
     process.argv[3] === "cluster"
-      ? new Redis.Cluster([{ host: url.hostname, port: Number(url.port) }])
-      : new Redis(process.argv[2]);
-  await client.ping();
+      ? [new Redis.Cluster([{ host: url.hostname, port: Number(url.port) }])]
+      : urls.map((u) => new Redis(u));
+  await Promise.all(clients.map((c) => c.ping()));
   const locks = new Map();
   console.log("ready");
   const lines = readline.createInterface({ input: process.stdin });
@@ -31,7 +33,7 @@ async function main() {
     if (words[0] === "quit") break;
     if (words[0] === "acquire") {
       const [name, ttl, wait] = [words[1], Number(words[2]), Number(words[3])];
-      const redlock = new Redlock([client], {
+      const redlock = new Redlock(clients, {
         retryCount: Math.ceil(wait / RETRY_DELAY_MS),
         retryDelay: RETRY_DELAY_MS,
         retryJitter: 10,
@@ -58,7 +60,7 @@ async function main() {
       console.log(`error: unknown command ${words[0]}`);
     }
   }
-  client.disconnect();
+  clients.forEach((c) => c.disconnect());
 }
 
 main().catch((e) => {

@@ -42,6 +42,7 @@ pub fn registered() -> Vec<Registration> {
         redis::redisson(),
         redis::cluster_plain(),
         redis::cluster_redisson(),
+        redis::redlock(),
         etcd::single(),
         etcd::cluster(),
     ]

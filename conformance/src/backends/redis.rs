@@ -1,11 +1,11 @@
-//! Redis: a spawned `redis-server` per wire format, and a spawned
-//! three-master Redis Cluster.
+//! Redis: a spawned `redis-server` per wire format, a spawned
+//! three-master Redis Cluster, and five independent servers for Redlock.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use backend_redis::RedisBackend;
+use backend_redis::{RedisBackend, RedlockBackend};
 use lock_core::{Guarantees, LockBackend, LockError};
 use testkit::{Mode, Proxy, RedisCluster, RedisServer};
 
@@ -108,5 +108,61 @@ pub(super) fn cluster_redisson() -> Registration {
         label: "redis-cluster-redisson",
         guarantees: backend_redis::guarantees,
         setup: || cluster("?format=redisson"),
+    }
+}
+
+/// Redlock clients are new [`RedlockBackend`]s over five independent
+/// servers.
+struct RedlockFixture {
+    servers: Vec<RedisServer>,
+    /// Proxies of delayed clients, alive as long as the fixture.
+    proxies: Mutex<Vec<Proxy>>,
+}
+
+#[async_trait]
+impl Fixture for RedlockFixture {
+    fn guarantees(&self) -> Guarantees {
+        backend_redis::redlock_guarantees()
+    }
+    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
+        let url = format!("redlock://{}", RedisServer::host_list(&self.servers));
+        Ok(Arc::new(RedlockBackend::connect(&url).await?))
+    }
+
+    /// Every node behind its own delaying proxy, with a per-node timeout
+    /// that the delay fits in.
+    async fn client_with_reply_delay(
+        &self,
+        delay: Duration,
+    ) -> Result<Option<Arc<dyn LockBackend>>, LockError> {
+        let mut hosts = Vec::new();
+        for server in &self.servers {
+            let proxy =
+                Proxy::start(server.addr()).map_err(|e| LockError::Config(e.to_string()))?;
+            proxy.set_mode(Mode::Delay(delay));
+            hosts.push(proxy.addr().to_string());
+            self.proxies
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(proxy);
+        }
+        let timeout = (delay * 8).as_millis();
+        let url = format!("redlock://{}?timeout={timeout}ms", hosts.join(","));
+        Ok(Some(Arc::new(RedlockBackend::connect(&url).await?)))
+    }
+}
+
+/// `redlock`: Redlock over five independent servers.
+pub(super) fn redlock() -> Registration {
+    Registration {
+        label: "redlock",
+        guarantees: backend_redis::redlock_guarantees,
+        setup: || {
+            let servers = RedisServer::start_independent(5, &[]).map_err(|e| e.to_string())?;
+            Ok(Arc::new(RedlockFixture {
+                servers,
+                proxies: Mutex::default(),
+            }))
+        },
     }
 }

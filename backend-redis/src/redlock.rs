@@ -1,0 +1,909 @@
+//! Redlock over N >= 3 independent Redis masters (`redlock://`), with a
+//! fencing token that keeps increasing.
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), lock_core::LockError> {
+//! use lock_core::Locker;
+//! let backend = backend_redis::RedlockBackend::connect(
+//!     "redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379?timeout=50ms",
+//! )
+//! .await?;
+//! let guard = Locker::new(backend).lock("invoices").acquire().await?;
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # On each node
+//! Exactly the keys, values and scripts of the `plain` format of
+//! `redis://` (see the crate docs): the lock key is the lock name, its
+//! value the owner token (followed by a dot and a nonce of the acquire
+//! attempt, see [`attempt_value`]), beside it the `__polylock__:{TAG}`
+//! hash with the node's fencing counter. So node-redlock 5 over the same nodes and name
+//! excludes with polylock and polylock with it (`tests/redlock.rs`); on
+//! each node the key and value are the ones the `plain` format shares with
+//! redis-py, redsync and `SET NX PX` scripts (`tests/peers.rs`). Two scripts are Redlock's own: one raises a node's
+//! counter to the lease's token (`scripts/redlock_raise_fence.lua`), one
+//! undoes a failed attempt (`scripts/redlock_undo.lua`).
+//!
+//! # The algorithm
+//! - **Acquire** sends the `plain` acquire script (`SET NX PX` + the
+//!   counter's increment) to every node at once, each under the per-node
+//!   `timeout`, and waits for every answer or timeout. It succeeds when a
+//!   majority granted AND the validity is positive:
+//!   `validity = ttl - elapsed - drift`, `drift = ttl x drift_factor +
+//!   drift` (`elapsed` counted from the moment the requests were sent). The
+//!   lease's local deadline is the end of that validity, counted from the
+//!   send (`Lease::deadline` = send time + `ttl x (1 - drift_factor) -
+//!   drift`; where the request's own `ClockPolicy` is stricter, it wins).
+//!   Otherwise the attempt is undone on EVERY node, the silent ones
+//!   included (their grant may have happened with the reply lost; on them
+//!   the undo runs in the background, so a hanging node costs the caller
+//!   one per-node timeout, not two), and
+//!   the attempt reports "not acquired": `Ok(None)` when other holders
+//!   alone made a majority impossible, else a retryable error that says how
+//!   many nodes granted, which failed and why, and what validity was left.
+//!   A waiting `acquire` retries after a random (jittered) delay of at most
+//!   `retry_delay`.
+//! - **Renew** runs the `plain` owner- and token-checked extension on every
+//!   node; it succeeds only when a majority extended and the lease's
+//!   remaining validity (its deadline) had not run out when they answered.
+//!   Otherwise the lease is lost: renew returns [`LockError::Lost`], after
+//!   releasing the lease on every node it still holds.
+//! - **Release** runs the `plain` owner- and token-checked delete on every
+//!   node. A majority released, or no node was granted to anyone since (the
+//!   lease expired untouched): `Ok`. Fewer released and a node was granted
+//!   to someone else since: `Lost`. Too few nodes answered to tell: a
+//!   retryable error.
+//!
+//! # Fencing tokens, and the assumption they rest on
+//! Every node keeps its own counter (the `plain` format's). An acquire
+//! takes T, the maximum of the counters the granting majority returned
+//! (each incremented by the grant), writes T back to those nodes
+//! (`counter = max(counter, T)`, only where the key still holds our token),
+//! and hands the lease out only when a majority holds the lock with
+//! counter T. A later acquire needs a majority of its own, and any two
+//! majorities of the same N nodes share at least one node: that node's
+//! counter is at least T, its grant increments it, and the later token (a
+//! maximum that includes it) is larger than T. The counter is never reset
+//! by release, and a missing counter starts at the node's clock in
+//! microseconds, as in the `plain` format.
+//!
+//! That argument needs the shared node to REMEMBER T. It holds when every
+//! node persists each write before answering (`appendonly yes` with
+//! `appendfsync always`) or, as the Redlock description requires, when a
+//! crashed node is kept down for longer than the longest TTL before it
+//! rejoins (its majority's locks have expired by then; its counter, if lost,
+//! restarts from its clock, above every token it handed out unless the clock
+//! stepped back). A node that restarts at once without its data breaks not
+//! only fencing but exclusion itself: with it, a second client can gather a
+//! majority while the first still holds. `tests/redlock.rs` demonstrates
+//! both halves (`demonstration_*`).
+//!
+//! # Clocks
+//! Expiry is judged by each node's own clock (`PX`); the drift allowance
+//! covers clocks that run at different RATES. A node whose wall clock jumps
+//! forward expires its keys early and weakens the majority like a node that
+//! restarted empty.
+
+mod config;
+
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::future::join_all;
+use lock_core::wait::{poll_acquire, Backoff};
+use lock_core::{
+    AcquireRequest, ClockPolicy, ExpiryClock, FencingGuarantee, FencingToken, Guarantees,
+    HolderInfo, Lease, LockBackend, LockError, LockName, OwnerToken, WaitMechanism,
+};
+use redis::{FromRedisValue, Script, ScriptInvocation};
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+pub use config::{
+    RedlockConfig, DEFAULT_DRIFT, DEFAULT_DRIFT_FACTOR, DEFAULT_NODE_TIMEOUT, DEFAULT_RETRY_DELAY,
+    MIN_NODES,
+};
+
+use crate::backend::{foreign_value, ttl_millis};
+use crate::config::{Format, RedisConfig};
+use crate::conn::Link;
+use crate::errors::{connect_error, is_retryable, Fail, RedisFailure};
+use crate::format::{Layout, LockKeys, FORCE_RELEASE, RELEASE_MESSAGE};
+
+/// The backend name in errors and guarantees.
+const REDLOCK: &str = "redlock";
+
+/// The URL schemes of this backend.
+pub const REDLOCK_URL_SCHEMES: &[&str] = &["redlock"];
+
+/// The shortest TTL granted: a shorter request is granted this long, so
+/// that the drift allowance and a round trip to every node leave a
+/// positive validity.
+pub const REDLOCK_MIN_TTL: Duration = Duration::from_millis(100);
+
+/// What can make Redlock's fencing tokens go backwards.
+pub const REDLOCK_FENCING_CAVEAT: &str =
+    "each node keeps its own counter and a lease's token is the \
+     maximum over a majority, written back to it: a node of that majority that restarts without \
+     having persisted its writes (no appendfsync always) and rejoins before the longest TTL has \
+     passed can let a later majority miss the token, repeating or lowering it; so can a node whose \
+     clock stepped back past its counter's creation";
+
+static RAISE_FENCE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/redlock_raise_fence.lua")));
+static UNDO: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/redlock_undo.lua")));
+
+/// What a Redlock backend promises.
+///
+/// - fencing: [`FencingGuarantee::UnlessDataLoss`]
+///   ([`REDLOCK_FENCING_CAVEAT`]).
+/// - expiry by each node's clock (`PX`).
+/// - `survives_restart: false`: a node that restarts without its data (or
+///   a majority of them) can admit a second holder; the backend cannot know
+///   how the nodes persist.
+/// - waiters poll with a jittered delay (Redlock has no release message
+///   that reaches every node's waiters at once).
+/// - TTLs of at least [`REDLOCK_MIN_TTL`], in milliseconds;
+///   `force_release` removes the lock on every node.
+pub fn redlock_guarantees() -> Guarantees {
+    let mut g = Guarantees::new(REDLOCK);
+    g.fencing = FencingGuarantee::UnlessDataLoss(REDLOCK_FENCING_CAVEAT);
+    g.fair_fifo = false;
+    g.expiry_clock = ExpiryClock::Server;
+    g.survives_restart = false;
+    g.survives_failover = false;
+    g.wait = WaitMechanism::Poll;
+    g.min_ttl = REDLOCK_MIN_TTL;
+    g.ttl_granularity = Duration::from_millis(1);
+    g.force_release = true;
+    g
+}
+
+/// One node: its `redis://` configuration and a command connection made on
+/// first use, so a node that is down when the client starts joins later.
+struct Node {
+    config: RedisConfig,
+    link: OnceCell<Link>,
+}
+
+impl Node {
+    fn addr(&self) -> String {
+        let n = &self.config.nodes[0];
+        if n.host.contains(':') {
+            format!("[{}]:{}", n.host, n.port)
+        } else {
+            format!("{}:{}", n.host, n.port)
+        }
+    }
+
+    async fn link(&self) -> Result<&Link, Fail> {
+        self.link
+            .get_or_try_init(|| async {
+                let link = Link::connect(&self.config).await?;
+                let mut scripts: Vec<&Script> = vec![&RAISE_FENCE, &UNDO, &FORCE_RELEASE];
+                let plain = plain_layout(String::new()).scripts();
+                scripts.extend([&plain.acquire, &plain.release, &plain.renew, &plain.inspect]);
+                link.load_scripts(&scripts).await?;
+                Ok(link)
+            })
+            .await
+    }
+
+    /// Runs one script within `limit`, connecting first if need be.
+    async fn invoke<T: FromRedisValue>(
+        &self,
+        inv: &ScriptInvocation<'_>,
+        limit: Duration,
+    ) -> Result<T, Fail> {
+        match tokio::time::timeout(limit, async { self.link().await?.invoke(inv).await }).await {
+            Ok(r) => r,
+            Err(_) => Err(Fail::Timeout(limit)),
+        }
+    }
+
+    fn describe(&self, fail: &Fail) -> String {
+        match fail {
+            Fail::Timeout(d) => format!("{}: no reply within {d:?}", self.addr()),
+            Fail::Redis(e) => self.config.scrub(format!("{}: {e}", self.addr())),
+        }
+    }
+}
+
+/// The value one acquire attempt stores on the nodes: the owner token, a
+/// dot, and a nonce of this attempt.
+///
+/// Why not the owner token alone: a retry of the same request would then
+/// find the key of an earlier attempt whose reply was lost on a node and
+/// count it as its own grant (the `plain` script's take-over), while that
+/// earlier attempt's undo, still queued on the node, may delete it right
+/// after: the retry would count a node that no longer holds the lock
+/// toward its majority. With a value per attempt, a retry never mistakes
+/// an earlier attempt's key for its own grant, and an undo only ever
+/// removes its own attempt's key.
+fn attempt_value(owner: OwnerToken) -> String {
+    format!("{owner}.{}", &OwnerToken::random().to_string()[..16])
+}
+
+/// The value `lease` stored on the nodes. The lease carries it as its
+/// backend key, which is only believed when it begins with the lease's own
+/// owner token: a lease presented with another owner's token cannot use a
+/// copied key to touch this owner's lock.
+fn stored_value(lease: &Lease) -> String {
+    let owner = lease.owner().to_string();
+    match lease.backend_key() {
+        Some(v)
+            if v.strip_prefix(owner.as_str())
+                .is_some_and(|r| r.starts_with('.')) =>
+        {
+            v.to_string()
+        }
+        _ => owner,
+    }
+}
+
+fn plain_layout(prefix: String) -> Layout {
+    Layout {
+        format: Format::Plain,
+        prefix,
+        cluster: false,
+    }
+}
+
+/// A Redlock client of N independent Redis masters.
+///
+/// Holds one multiplexed command connection per node (made on first use,
+/// replaced when a reply goes missing). Clones share them. Make it inside
+/// the tokio runtime that will use it.
+#[derive(Clone)]
+pub struct RedlockBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: RedlockConfig,
+    layout: Layout,
+    nodes: Vec<Node>,
+}
+
+impl fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockBackend")
+            .field("url", &self.inner.config.url())
+            .field("nodes", &self.inner.nodes.len())
+            .field("quorum", &self.inner.config.quorum())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the nodes answered to one request, for the decision and the error
+/// message.
+struct Tally<'a> {
+    nodes: &'a [Node],
+    /// Nodes that did what was asked.
+    ok: usize,
+    /// Nodes that answered no (held by another, not ours any more).
+    refused: usize,
+    /// Nodes that failed, with why.
+    failed: Vec<String>,
+    /// Some node failed in a way a retry will not fix.
+    permanent: bool,
+}
+
+impl<'a> Tally<'a> {
+    fn new(nodes: &'a [Node]) -> Self {
+        Tally {
+            nodes,
+            ok: 0,
+            refused: 0,
+            failed: Vec::new(),
+            permanent: false,
+        }
+    }
+
+    fn fail(&mut self, node: usize, fail: &Fail) {
+        if let Fail::Redis(e) = fail {
+            self.permanent |= !is_retryable(e);
+        }
+        self.failed.push(self.nodes[node].describe(fail));
+    }
+
+    /// `"acquire of lock "x": 2 of 5 nodes granted (3 needed); 1 refused
+    /// (held by another client); 2 failed: a: ..., b: ...; ..."`.
+    fn message(&self, what: &str, name: &LockName, ok: &str, refused: &str, tail: &str) -> String {
+        let n = self.nodes.len();
+        let mut m = format!(
+            "{what} of lock {name:?}: {} of {n} nodes {ok} ({} needed)",
+            self.ok,
+            n / 2 + 1
+        );
+        if self.refused > 0 {
+            m.push_str(&format!("; {} {refused}", self.refused));
+        }
+        if !self.failed.is_empty() {
+            m.push_str(&format!(
+                "; {} failed: {}",
+                self.failed.len(),
+                self.failed.join(", ")
+            ));
+        }
+        if !tail.is_empty() {
+            m.push_str("; ");
+            m.push_str(tail);
+        }
+        m
+    }
+
+    fn error(&self, text: String) -> LockError {
+        if self.permanent {
+            LockError::permanent(REDLOCK, RedisFailure(text))
+        } else {
+            LockError::transient(REDLOCK, RedisFailure(text))
+        }
+    }
+}
+
+impl RedlockBackend {
+    /// Parses `url` (see [`RedlockConfig::from_url`]) and connects.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped connect leaves nothing behind.
+    pub async fn connect(url: &str) -> Result<RedlockBackend, LockError> {
+        Self::connect_with(RedlockConfig::from_url(url)?).await
+    }
+
+    /// Connects to every node at once and succeeds when a majority
+    /// answered; the others are connected on first use. Refused
+    /// credentials or a missing database on any node are a
+    /// [`LockError::Config`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped connect leaves nothing behind.
+    pub async fn connect_with(config: RedlockConfig) -> Result<RedlockBackend, LockError> {
+        let nodes: Vec<Node> = config
+            .nodes
+            .iter()
+            .map(|c| Node {
+                config: c.clone(),
+                link: OnceCell::new(),
+            })
+            .collect();
+        // Connecting costs a handshake and the script loads: more than one
+        // request's timeout.
+        let limit = config.timeout * 4;
+        let replies = join_all(nodes.iter().map(|n| async move {
+            match tokio::time::timeout(limit, n.link()).await {
+                Ok(r) => r.map(|_| ()),
+                Err(_) => Err(Fail::Timeout(limit)),
+            }
+        }))
+        .await;
+        let mut tally = Tally::new(&nodes);
+        for (i, r) in replies.into_iter().enumerate() {
+            match r {
+                Ok(()) => tally.ok += 1,
+                Err(fail) => {
+                    tally.failed.push(nodes[i].describe(&fail));
+                    if let e @ LockError::Config(_) = connect_error(&nodes[i].config, fail) {
+                        return Err(LockError::Config(format!("`{}`: {e}", config.url())));
+                    }
+                }
+            }
+        }
+        if tally.ok < config.quorum() {
+            let text = format!(
+                "connecting to {}: {} of {} nodes answered ({} needed); {}",
+                config.url(),
+                tally.ok,
+                nodes.len(),
+                config.quorum(),
+                tally.failed.join(", ")
+            );
+            return Err(LockError::transient(REDLOCK, RedisFailure(text)));
+        }
+        tracing::info!(url = %config.url(), nodes = nodes.len(), answered = tally.ok, "polylock redlock: connected");
+        let layout = plain_layout(config.nodes[0].prefix.clone());
+        Ok(RedlockBackend {
+            inner: Arc::new(Inner {
+                config,
+                layout,
+                nodes,
+            }),
+        })
+    }
+
+    /// The configuration this client was made with.
+    pub fn config(&self) -> &RedlockConfig {
+        &self.inner.config
+    }
+
+    /// Where the lock `name` lives on each node: the `plain` format's key,
+    /// fencing counter and channel.
+    pub fn keys(&self, name: &LockName) -> Result<LockKeys, LockError> {
+        self.inner.layout.keys(name)
+    }
+
+    fn quorum(&self) -> usize {
+        self.inner.config.quorum()
+    }
+
+    /// Runs `inv` on every node at once, each within the per-node timeout.
+    async fn on_all<T: FromRedisValue>(&self, inv: &ScriptInvocation<'_>) -> Vec<Result<T, Fail>> {
+        let limit = self.inner.config.timeout;
+        join_all(self.inner.nodes.iter().map(|n| n.invoke(inv, limit))).await
+    }
+
+    /// Removes what the attempt that stored `value` may have taken, on every
+    /// node. Waits for the nodes that answered the attempt; on the `silent`
+    /// ones (no reply, an error) the undo runs in a background task, since
+    /// a hanging node would hold the caller for another timeout. Leaving it
+    /// running is safe: it deletes only this attempt's own value.
+    async fn undo(&self, keys: &LockKeys, value: &str, silent: &[usize]) {
+        let (now, later): (Vec<usize>, Vec<usize>) =
+            (0..self.inner.nodes.len()).partition(|i| !silent.contains(i));
+        self.undo_on(keys.clone(), value.to_string(), now).await;
+        if !later.is_empty() {
+            let this = self.clone();
+            let (keys, value) = (keys.clone(), value.to_string());
+            tokio::spawn(async move { this.undo_on(keys, value, later).await });
+        }
+    }
+
+    async fn undo_on(&self, keys: LockKeys, value: String, nodes: Vec<usize>) {
+        let mut inv = UNDO.prepare_invoke();
+        inv.key(&keys.lock).arg(&value).arg(&keys.channel);
+        let limit = self.inner.config.timeout;
+        let replies = join_all(
+            nodes
+                .iter()
+                .map(|&i| self.inner.nodes[i].invoke::<i64>(&inv, limit)),
+        )
+        .await;
+        for (&i, r) in nodes.iter().zip(replies) {
+            if let Err(f) = r {
+                tracing::debug!(
+                    node = %self.inner.nodes[i].addr(),
+                    "polylock redlock: undoing an attempt failed ({}); it expires at its TTL",
+                    self.inner.nodes[i].describe(&f)
+                );
+            }
+        }
+    }
+
+    /// One acquire attempt; see the module docs.
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        let keys = self.keys(&req.name)?;
+        let ttl = Duration::from_millis(ttl_millis(req.ttl.max(REDLOCK_MIN_TTL)));
+        let owner = attempt_value(req.owner);
+        let scripts = self.inner.layout.scripts();
+        let mut inv = scripts.acquire.prepare_invoke();
+        inv.key(&keys.lock)
+            .key(&keys.fence)
+            .arg(&owner)
+            .arg(ttl.as_millis() as u64);
+        let policy = ClockPolicy {
+            drift: req.clock.drift.max(self.inner.config.drift_factor),
+            margin: req.clock.margin.max(self.inner.config.drift),
+        };
+        // Measured before sending: the validity can only come out short.
+        let sent_at = Instant::now();
+        let replies = self.on_all::<(i64, i64)>(&inv).await;
+        let mut tally = Tally::new(&self.inner.nodes);
+        let mut granted = Vec::new();
+        let mut silent = Vec::new();
+        for (i, r) in replies.into_iter().enumerate() {
+            match r {
+                Ok((1, fence)) => granted.push((i, fence)),
+                Ok(_) => tally.refused += 1,
+                Err(f) => {
+                    tally.fail(i, &f);
+                    silent.push(i);
+                }
+            }
+        }
+        tally.ok = granted.len();
+        let validity_left = |now: Instant| {
+            let deadline = policy.deadline(sent_at, ttl);
+            match deadline.checked_duration_since(now) {
+                Some(d) if !d.is_zero() => format!("validity left {d:?} of a {ttl:?} TTL"),
+                _ => format!(
+                    "no validity left: {:?} of a {ttl:?} TTL elapsed, drift allowance {:?}",
+                    now - sent_at,
+                    ttl - (deadline - sent_at)
+                ),
+            }
+        };
+
+        let expired = policy.deadline(sent_at, ttl) <= Instant::now();
+        if tally.ok >= self.quorum() && expired {
+            // No validity left already: the write-back would only cost
+            // another round trip.
+            let text = tally.message(
+                "acquire",
+                &req.name,
+                "granted",
+                "held by another client",
+                &format!(
+                    "not acquired (undone on every node): {}",
+                    validity_left(Instant::now())
+                ),
+            );
+            self.undo(&keys, &owner, &silent).await;
+            return Err(tally.error(text));
+        }
+        if tally.ok >= self.quorum() {
+            let fence = granted.iter().map(|&(_, f)| f).max().unwrap_or_default();
+            let token = u64::try_from(fence).ok().and_then(FencingToken::new);
+            if let Some(token) = token {
+                // Write the token back to the granting nodes before the
+                // lease exists: the argument in the module docs.
+                let mut raise = RAISE_FENCE.prepare_invoke();
+                raise
+                    .key(&keys.lock)
+                    .key(&keys.fence)
+                    .arg(&owner)
+                    .arg(fence);
+                let limit = self.inner.config.timeout;
+                let raised = join_all(
+                    granted
+                        .iter()
+                        .map(|&(i, _)| self.inner.nodes[i].invoke::<i64>(&raise, limit)),
+                )
+                .await;
+                let mut written = Tally::new(&self.inner.nodes);
+                for (&(i, _), r) in granted.iter().zip(raised) {
+                    match r {
+                        Ok(1) => written.ok += 1,
+                        Ok(_) => written.refused += 1,
+                        Err(f) => {
+                            written.fail(i, &f);
+                            silent.push(i);
+                        }
+                    }
+                }
+                let lease = Lease::new(req.name.clone(), req.owner, token, ttl, sent_at, policy)
+                    .with_backend_key(owner.as_str());
+                let now = Instant::now();
+                if written.ok >= self.quorum() && lease.deadline() > now {
+                    return Ok(Some(lease));
+                }
+                let text = if written.ok >= self.quorum() {
+                    tally.message(
+                        "acquire",
+                        &req.name,
+                        "granted",
+                        "held by another client",
+                        &format!(
+                            "not acquired (undone on every node): {}",
+                            validity_left(now)
+                        ),
+                    )
+                } else {
+                    written.message(
+                        "acquire",
+                        &req.name,
+                        "took the fencing token",
+                        "no longer held",
+                        &format!(
+                            "not acquired (undone on every node); {}",
+                            validity_left(now)
+                        ),
+                    )
+                };
+                self.undo(&keys, &owner, &silent).await;
+                written.permanent |= tally.permanent;
+                return Err(written.error(text));
+            }
+            self.undo(&keys, &owner, &silent).await;
+            return Err(LockError::permanent(
+                REDLOCK,
+                RedisFailure(format!(
+                    "acquire of lock {:?}: a node's fencing counter returned {fence}",
+                    req.name
+                )),
+            ));
+        }
+
+        let now = Instant::now();
+        self.undo(&keys, &owner, &silent).await;
+        let n = self.inner.nodes.len();
+        if tally.refused > n - self.quorum() {
+            // Other holders alone rule a majority out: plainly held.
+            return Ok(None);
+        }
+        Err(tally.error(tally.message(
+            "acquire",
+            &req.name,
+            "granted",
+            "held by another client",
+            &format!(
+                "not acquired (undone on every node); {}",
+                validity_left(now)
+            ),
+        )))
+    }
+
+    /// Releases `lease` on every node where it still holds, quietly: for a
+    /// lease already declared lost.
+    async fn release_quietly(&self, lease: &Lease) {
+        if let Err(e) = self.release(lease).await {
+            tracing::debug!(error = %e, "polylock redlock: releasing a lost lease; what is left expires at its TTL");
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedlockBackend {
+    /// One Redlock round: the acquire script on every node at once, then
+    /// (with a majority) the token written back to the granting nodes; on
+    /// failure, the attempt undone on every node. Costs two round trips
+    /// (three on failure), each as long as the slowest node within the
+    /// per-node timeout.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: if dropped after the scripts were sent, the lock
+    /// may be taken on some nodes with nobody holding the lease; they free
+    /// it at its TTL.
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        self.attempt(req).await
+    }
+
+    /// Attempts until one succeeds or `req.wait` runs out, pausing a random
+    /// time of at most `retry_delay` between two.
+    ///
+    /// # Cancel safety
+    /// Cancel safe while it pauses; a drop during an attempt is like
+    /// dropping [`try_acquire`](LockBackend::try_acquire).
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        let max = self.inner.config.retry_delay;
+        let backoff = Backoff {
+            initial: (max / 4).max(Duration::from_millis(1)),
+            max,
+        };
+        poll_acquire(self, req, backoff).await
+    }
+
+    /// The `plain` owner- and token-checked extension on every node; a
+    /// majority within the lease's validity, or the lease is lost (and
+    /// released where it still holds).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped renew extended the lease on some nodes or
+    /// none; the old lease's deadline stays valid either way.
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let keys = self.keys(lease.name())?;
+        let ttl_ms = ttl_millis(lease.ttl());
+        let mut inv = self.inner.layout.scripts().renew.prepare_invoke();
+        inv.key(&keys.lock)
+            .key(&keys.fence)
+            .arg(stored_value(lease))
+            .arg(lease.fence().get())
+            .arg(ttl_ms);
+        let sent_at = Instant::now();
+        let replies = self.on_all::<i64>(&inv).await;
+        let mut tally = Tally::new(&self.inner.nodes);
+        for (i, r) in replies.into_iter().enumerate() {
+            match r {
+                Ok(1) => tally.ok += 1,
+                Ok(_) => tally.refused += 1,
+                Err(f) => tally.fail(i, &f),
+            }
+        }
+        let renewed = lease.renewed(Duration::from_millis(ttl_ms), sent_at);
+        let now = Instant::now();
+        if tally.ok >= self.quorum() && now < lease.deadline() && now < renewed.deadline() {
+            return Ok(renewed);
+        }
+        let left = lease
+            .deadline()
+            .checked_duration_since(now)
+            .map_or("none".to_string(), |d| format!("{d:?}"));
+        tracing::warn!(
+            "polylock redlock: {}",
+            tally.message(
+                "renew",
+                lease.name(),
+                "extended",
+                "no longer ours",
+                &format!("validity left {left}; the lease is lost"),
+            )
+        );
+        self.release_quietly(lease).await;
+        Err(LockError::Lost {
+            name: lease.name().to_string(),
+        })
+    }
+
+    /// The `plain` owner- and token-checked delete on every node.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped release removed the lock on some nodes or
+    /// none; the rest expires at its TTL.
+    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        let keys = self.keys(lease.name())?;
+        let mut inv = self.inner.layout.scripts().release.prepare_invoke();
+        inv.key(&keys.lock)
+            .key(&keys.fence)
+            .arg(stored_value(lease))
+            .arg(lease.fence().get())
+            .arg(&keys.channel);
+        let replies = self.on_all::<i64>(&inv).await;
+        let mut tally = Tally::new(&self.inner.nodes);
+        let mut taken_since = 0;
+        for (i, r) in replies.into_iter().enumerate() {
+            match r {
+                Ok(1) => tally.ok += 1,
+                Ok(0) => {}
+                Ok(_) => {
+                    tally.refused += 1;
+                    taken_since += 1;
+                }
+                Err(f) => tally.fail(i, &f),
+            }
+        }
+        if tally.ok >= self.quorum() {
+            return Ok(());
+        }
+        if taken_since > 0 {
+            return Err(LockError::Lost {
+                name: lease.name().to_string(),
+            });
+        }
+        if tally.failed.is_empty() {
+            // Expired everywhere, and nobody was granted it since.
+            return Ok(());
+        }
+        Err(tally.error(tally.message(
+            "release",
+            lease.name(),
+            "released",
+            "held by another since",
+            "the release could not be confirmed; what is left expires at its TTL",
+        )))
+    }
+
+    /// The `plain` inspect script on every node; the holder is the one a
+    /// majority agrees on.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
+        let keys = self.keys(name)?;
+        let mut inv = self.inner.layout.scripts().inspect.prepare_invoke();
+        inv.key(&keys.lock).key(&keys.fence);
+        type Row = (Option<String>, i64, Option<u64>, Option<String>);
+        let replies = self.on_all::<Row>(&inv).await;
+        let mut tally = Tally::new(&self.inner.nodes);
+        let mut rows = Vec::new();
+        for (i, r) in replies.into_iter().enumerate() {
+            match r {
+                Ok(row) => rows.push(row),
+                Err(f) => tally.fail(i, &f),
+            }
+        }
+        let majority = rows
+            .iter()
+            .filter_map(|r| r.0.as_deref())
+            .find(|v| rows.iter().filter(|r| r.0.as_deref() == Some(*v)).count() >= self.quorum());
+        let Some(value) = majority.map(str::to_string) else {
+            if rows.len() < self.quorum() {
+                tally.ok = rows.len();
+                return Err(tally.error(tally.message(
+                    "inspect",
+                    name,
+                    "answered",
+                    "",
+                    "too few to tell who holds it",
+                )));
+            }
+            return Ok(None);
+        };
+        let mine: Vec<_> = rows
+            .iter()
+            .filter(|r| r.0.as_deref() == Some(value.as_str()))
+            .collect();
+        let expires_in = mine
+            .iter()
+            .filter_map(|r| u64::try_from(r.1).ok())
+            .min()
+            .map(Duration::from_millis);
+        let ours = mine.iter().any(|r| r.3.as_deref() == Some(value.as_str()));
+        Ok(Some(if ours {
+            let fence = mine
+                .iter()
+                .filter(|r| r.3.as_deref() == Some(value.as_str()))
+                .filter_map(|r| r.2)
+                .max()
+                .and_then(FencingToken::new);
+            HolderInfo::new(value, fence, expires_in)
+        } else {
+            HolderInfo::new(foreign_value(&value), None, expires_in)
+        }))
+    }
+
+    /// Deletes the lock key on every node, whoever holds it; the counters
+    /// are kept. `Ok(true)` when some node had it.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the lock is removed on some nodes or none.
+    async fn force_release(&self, name: &LockName) -> Result<bool, LockError> {
+        let keys = self.keys(name)?;
+        let mut inv = FORCE_RELEASE.prepare_invoke();
+        inv.key(&keys.lock).arg(&keys.channel).arg(RELEASE_MESSAGE);
+        let replies = self.on_all::<i64>(&inv).await;
+        let mut tally = Tally::new(&self.inner.nodes);
+        let mut removed = false;
+        for (i, r) in replies.into_iter().enumerate() {
+            match r {
+                Ok(r) => {
+                    tally.ok += 1;
+                    removed |= r == 1;
+                }
+                Err(f) => tally.fail(i, &f),
+            }
+        }
+        if tally.ok < self.quorum() && !removed {
+            return Err(tally.error(tally.message(
+                "force_release",
+                name,
+                "answered",
+                "",
+                "could not tell whether it was held",
+            )));
+        }
+        Ok(removed)
+    }
+
+    fn guarantees(&self) -> Guarantees {
+        redlock_guarantees()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lease_deadline_is_the_validity_from_the_send() {
+        let cfg = RedlockConfig::from_url("redlock://a,b,c?drift_factor=0.1&drift=5ms").unwrap();
+        let ttl = Duration::from_secs(1);
+        let sent = Instant::now();
+        let policy = ClockPolicy {
+            drift: ClockPolicy::default().drift.max(cfg.drift_factor),
+            margin: ClockPolicy::default().margin.max(cfg.drift),
+        };
+        // validity = ttl - elapsed - drift, so the deadline (send + elapsed
+        // + validity) is send + ttl - drift, whatever the elapsed time.
+        assert_eq!(policy.deadline(sent, ttl), sent + ttl - cfg.drift_for(ttl));
+    }
+
+    #[test]
+    fn a_lease_uses_its_stored_value_only_under_its_own_owner_token() {
+        let name = LockName::new("x").unwrap();
+        let owner = OwnerToken::random();
+        let value = attempt_value(owner);
+        assert_ne!(value, attempt_value(owner), "one nonce per attempt");
+        let fence = FencingToken::new(7).unwrap();
+        let policy = ClockPolicy::default();
+        let ttl = Duration::from_secs(1);
+        let lease = Lease::new(name.clone(), owner, fence, ttl, Instant::now(), policy)
+            .with_backend_key(value.as_str());
+        assert_eq!(stored_value(&lease), value);
+        // A forged lease that copied the key under another owner's token.
+        let other = OwnerToken::random();
+        let forged = Lease::new(name, other, fence, ttl, Instant::now(), policy)
+            .with_backend_key(value.as_str());
+        assert_eq!(stored_value(&forged), other.to_string());
+    }
+
+    #[test]
+    fn min_ttl_leaves_room_for_the_default_drift() {
+        let cfg = RedlockConfig::from_url("redlock://a,b,c").unwrap();
+        assert!(cfg.drift_for(REDLOCK_MIN_TTL) < REDLOCK_MIN_TTL / 10);
+        let g = redlock_guarantees();
+        assert_eq!(g.effective_ttl(Duration::from_millis(5)), REDLOCK_MIN_TTL);
+    }
+}

@@ -1,0 +1,718 @@
+//! Redlock (`redlock://`) against five real, independent redis-server
+//! processes: killed and paused nodes, slow nodes, fencing across restarts,
+//! the documented unsafe case, and node-redlock 5 on the same nodes.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backend_redis::RedlockBackend;
+use lock_core::{AcquireRequest, Lease, LockBackend, LockError, LockName, Locker, OwnerToken};
+use rand::seq::IndexedRandom;
+use testkit::{Mode, Proxy, RedisServer};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::time::{sleep, sleep_until, timeout, Instant};
+
+/// The per-node timeout of these tests' clients.
+const NODE_TIMEOUT: Duration = Duration::from_millis(100);
+
+fn five() -> Vec<RedisServer> {
+    RedisServer::start_independent(5, &[]).expect("start five redis-servers")
+}
+
+fn url(servers: &[RedisServer], query: &str) -> String {
+    format!("redlock://{}{query}", RedisServer::host_list(servers))
+}
+
+async fn client(servers: &[RedisServer]) -> Arc<RedlockBackend> {
+    Arc::new(
+        RedlockBackend::connect(&url(servers, "?timeout=100ms"))
+            .await
+            .expect("connect"),
+    )
+}
+
+fn name(s: &str) -> LockName {
+    LockName::new(format!("redlock-test-{:08x}/{s}", rand::random::<u32>())).unwrap()
+}
+
+fn req(name: &LockName, ttl: Duration) -> AcquireRequest {
+    AcquireRequest::new(name.clone(), OwnerToken::random(), ttl, Duration::ZERO).unwrap()
+}
+
+/// The lock key's value on one node, read without the lock layer.
+async fn value_on(server: &RedisServer, key: &str) -> Option<String> {
+    let mut c = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection");
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut c)
+        .await
+        .unwrap()
+}
+
+/// How many of `servers` have the lock key `key`.
+async fn holding(servers: &[&RedisServer], key: &str) -> usize {
+    let mut n = 0;
+    for s in servers {
+        n += usize::from(value_on(s, key).await.is_some());
+    }
+    n
+}
+
+/// Runs a blocking test-kit control (kill, restart, pause) off the runtime.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_killed_acquire_renew_and_release_still_work() {
+    let servers = five();
+    let c = client(&servers).await;
+    servers[0].kill().unwrap();
+    servers[3].kill().unwrap();
+    let n = name("two-down");
+    let lease = c
+        .try_acquire(&req(&n, Duration::from_secs(5)))
+        .await
+        .expect("acquire with three of five nodes")
+        .expect("free");
+    let alive = [&servers[1], &servers[2], &servers[4]];
+    assert_eq!(holding(&alive, n.as_str()).await, 3);
+    let renewed = c.renew(&lease).await.expect("renew with three of five");
+    assert!(renewed.deadline() > lease.deadline());
+    let other = client(&servers).await;
+    assert!(other
+        .try_acquire(&req(&n, Duration::from_secs(5)))
+        .await
+        .expect("a second client's attempt")
+        .is_none());
+    c.release(&renewed)
+        .await
+        .expect("release with three of five");
+    assert_eq!(holding(&alive, n.as_str()).await, 0);
+    let next = other
+        .try_acquire(&req(&n, Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .expect("free after release");
+    assert!(next.fence() > lease.fence());
+    other.release(&next).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_killed_acquire_fails_fast_renew_loses_and_survivors_are_clean() {
+    let servers = five();
+    let c = client(&servers).await;
+    let locker = Locker::from_arc(c.clone());
+    let held = name("held");
+    let ttl = Duration::from_millis(1500);
+    let guard = locker.lock(held.as_str()).ttl(ttl).acquire().await.unwrap();
+    for s in &servers[..3] {
+        s.kill().unwrap();
+    }
+
+    let n = name("three-down");
+    let started = Instant::now();
+    let r = c.try_acquire(&req(&n, Duration::from_secs(5))).await;
+    let took = started.elapsed();
+    let Err(e) = r else {
+        panic!("acquire with two of five nodes: {r:?}")
+    };
+    assert!(e.is_retryable(), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("2 of 5 nodes granted") && text.contains("3 failed"),
+        "the error should say how many answered and which failed: {text}"
+    );
+    assert!(
+        text.contains(&servers[0].addr().to_string()),
+        "the error should name the failed nodes: {text}"
+    );
+    // One round to every node plus one to undo, each bounded by the
+    // per-node timeout; generous for a loaded machine.
+    assert!(
+        took < NODE_TIMEOUT * 2 + Duration::from_secs(1),
+        "acquire took {took:?}"
+    );
+    let survivors = [&servers[3], &servers[4]];
+    assert_eq!(
+        holding(&survivors, n.as_str()).await,
+        0,
+        "the failed attempt was not undone"
+    );
+
+    // The watchdog's next renewal cannot reach a majority: lost() fires
+    // before the lease's TTL is out.
+    timeout(ttl + Duration::from_secs(1), guard.lost())
+        .await
+        .expect("lost() did not fire");
+    assert!(!guard.is_held());
+    assert_eq!(
+        holding(&survivors, held.as_str()).await,
+        0,
+        "the lost lease was left on the surviving nodes"
+    );
+    drop(guard);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_majority_acquire_fails_within_the_node_timeout_and_no_stray_lock_outlives_its_ttl()
+{
+    let servers = Arc::new(five());
+    // A per-node timeout long enough to tell one from two.
+    let node_timeout = Duration::from_millis(1500);
+    let c = RedlockBackend::connect(&url(&servers, "?timeout=1500ms"))
+        .await
+        .expect("connect");
+    // Connections are made before the pause, as in a running service.
+    let warm = name("warm");
+    let l = c
+        .try_acquire(&req(&warm, Duration::from_secs(1)))
+        .await
+        .unwrap()
+        .unwrap();
+    c.release(&l).await.unwrap();
+
+    for s in &servers[..3] {
+        s.pause().unwrap();
+    }
+    let n = name("paused");
+    let ttl = Duration::from_millis(800);
+    let started = Instant::now();
+    let r = c.try_acquire(&req(&n, ttl)).await;
+    let took = started.elapsed();
+    assert!(r.is_err(), "acquire with a paused majority: {r:?}");
+    assert!(
+        took >= node_timeout && took < node_timeout + Duration::from_millis(1200),
+        "acquire with a paused majority took {took:?}: it should give up after one \
+         per-node timeout ({node_timeout:?}), not hang nor wait a second one for the undo"
+    );
+    let resumed_at = Instant::now();
+    for s in &servers[..3] {
+        s.resume().unwrap();
+    }
+    // The paused nodes now run the requests they had queued, the acquire
+    // among them: whatever they set expires within its TTL of now.
+    let all: Vec<&RedisServer> = servers.iter().collect();
+    sleep(ttl + Duration::from_millis(500)).await;
+    assert_eq!(
+        holding(&all, n.as_str()).await,
+        0,
+        "a stray lock survived {:?} after SIGCONT, past its {ttl:?} TTL",
+        resumed_at.elapsed()
+    );
+    let next = c
+        .try_acquire(&req(&n, ttl))
+        .await
+        .unwrap()
+        .expect("free after the pause");
+    c.release(&next).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_slower_than_its_validity_is_not_acquired_and_is_undone() {
+    let servers = five();
+    let delay = Duration::from_millis(150);
+    let proxies: Vec<Proxy> = servers
+        .iter()
+        .map(|s| Proxy::start(s.addr()).unwrap())
+        .collect();
+    let hosts: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+    let connect = |query: &str| {
+        let url = format!("redlock://{}{query}", hosts.join(","));
+        async move { RedlockBackend::connect(&url).await.expect("connect") }
+    };
+    let slow = connect("?timeout=3s").await;
+    let all: Vec<&RedisServer> = servers.iter().collect();
+    for p in &proxies {
+        p.set_mode(Mode::Delay(delay));
+    }
+
+    // Slower than the TTL itself: the round trip alone is twice the delay.
+    let n = name("slower-than-ttl");
+    let ttl = Duration::from_millis(200);
+    let r = slow.try_acquire(&req(&n, ttl)).await;
+    let Err(e) = r else {
+        panic!("an acquire slower than its TTL: {r:?}")
+    };
+    assert!(e.to_string().contains("no validity left"), "{e}");
+    assert_eq!(holding(&all, n.as_str()).await, 0);
+
+    // The undo is visible when the keys would otherwise live on: a drift
+    // allowance that leaves no validity after this round trip, with a TTL
+    // that outlasts it by far.
+    let undone = connect("?timeout=3s&drift=2s").await;
+    let n = name("no-validity");
+    let ttl = Duration::from_millis(2100);
+    let sent = Instant::now();
+    let r = undone.try_acquire(&req(&n, ttl)).await;
+    assert!(
+        r.as_ref()
+            .is_err_and(|e| e.to_string().contains("no validity left")),
+        "{r:?}"
+    );
+    let left = holding(&all, n.as_str()).await;
+    assert!(
+        sent.elapsed() < ttl,
+        "checked too late to tell the undo from the TTL"
+    );
+    assert_eq!(left, 0, "the attempt was not undone on {left} nodes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_strictly_increase_across_200_holders_while_minorities_restart() {
+    let servers = Arc::new(
+        RedisServer::start_independent(5, &["--appendonly", "yes", "--appendfsync", "always"])
+            .expect("start five persistent redis-servers"),
+    );
+    // fsync on every write is slow on a shared disk: a longer per-node
+    // timeout than the other tests'.
+    let connect = || async {
+        RedlockBackend::connect(&url(&servers, "?timeout=2s"))
+            .await
+            .expect("connect")
+    };
+    let clients = [connect().await, connect().await];
+    let n = name("fence");
+    let mut last: Option<Lease> = None;
+    let mut down: Vec<usize> = Vec::new();
+    let mut restarts = 0;
+    for i in 0..200 {
+        if i % 20 == 5 {
+            // A random minority goes down for a while.
+            let k = if rand::random::<bool>() { 1 } else { 2 };
+            down = (0..5usize)
+                .collect::<Vec<_>>()
+                .choose_multiple(&mut rand::rng(), k)
+                .copied()
+                .collect();
+            for &d in &down {
+                servers[d].kill().unwrap();
+            }
+        }
+        if i % 20 == 15 {
+            for d in std::mem::take(&mut down) {
+                let s = Arc::clone(&servers);
+                blocking(move || s[d].restart()).await.unwrap();
+                restarts += 1;
+            }
+        }
+        let c = &clients[i % 2];
+        let give_up = Instant::now() + Duration::from_secs(10);
+        let lease = loop {
+            match c.try_acquire(&req(&n, Duration::from_secs(5))).await {
+                Ok(Some(lease)) => break lease,
+                Ok(None) => panic!("holder {i}: held, though every holder released"),
+                // A node that just came back may still refuse a moment.
+                Err(e) if e.is_retryable() && Instant::now() < give_up => {
+                    sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("holder {i}: {e}"),
+            }
+        };
+        if let Some(prev) = &last {
+            assert!(
+                lease.fence() > prev.fence(),
+                "holder {i}: token {:?} after {:?}",
+                lease.fence(),
+                prev.fence()
+            );
+        }
+        loop {
+            match c.release(&lease).await {
+                Ok(()) => break,
+                Err(e) if e.is_retryable() && Instant::now() < give_up => {
+                    sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("holder {i}: release: {e}"),
+            }
+        }
+        last = Some(lease);
+    }
+    assert!(restarts >= 10, "only {restarts} restarts happened");
+}
+
+/// Holds `n` on exactly nodes 0, 1 and 2 of five (3 and 4 are down while it
+/// is taken, then come back empty).
+async fn hold_on_a_bare_majority(
+    servers: &Arc<Vec<RedisServer>>,
+    c: &RedlockBackend,
+    n: &LockName,
+    ttl: Duration,
+) -> Lease {
+    servers[3].kill().unwrap();
+    servers[4].kill().unwrap();
+    let lease = c.try_acquire(&req(n, ttl)).await.unwrap().expect("free");
+    for d in [3, 4] {
+        let s = Arc::clone(servers);
+        blocking(move || s[d].restart()).await.unwrap();
+    }
+    lease
+}
+
+/// DEMONSTRATION of the documented guarantee, not a flaky failure: Redlock
+/// is only safe when a node that crashed either kept its data or stays down
+/// past the longest TTL. Here a node of the holder's bare majority restarts
+/// AT ONCE without persistence: the second client gathers a majority (the
+/// empty node plus the two others) while the first still holds. This test
+/// passes when that overlap happens, as the module docs say it will.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demonstration_an_immediate_restart_without_persistence_admits_a_second_holder() {
+    let servers = Arc::new(five());
+    let (a, b) = (client(&servers).await, client(&servers).await);
+    let n = name("unsafe");
+    let ttl = Duration::from_secs(10);
+    let first = hold_on_a_bare_majority(&servers, &a, &n, ttl).await;
+    let s = Arc::clone(&servers);
+    blocking(move || s[2].restart()).await.unwrap();
+    let give_up = Instant::now() + Duration::from_secs(5);
+    let second = loop {
+        match b.try_acquire(&req(&n, ttl)).await {
+            Ok(Some(l)) => break l,
+            Ok(None) => panic!("the restarted node kept the lock without persistence?"),
+            Err(e) if e.is_retryable() && Instant::now() < give_up => {
+                sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(
+        Instant::now() < first.deadline(),
+        "the second grant came after the first holder's deadline: no overlap shown"
+    );
+    // Both believe they hold it: exactly the documented unsafe case.
+    assert_ne!(first.owner(), second.owner());
+    b.release(&second).await.unwrap();
+}
+
+/// DEMONSTRATION of the documented guarantee: the same run as above, but
+/// the crashed node stays down past the holder's TTL before it rejoins.
+/// While it is down nobody else gathers a majority; the lock is granted
+/// again only after the first holder's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demonstration_a_restart_delayed_past_the_ttl_keeps_exclusion() {
+    let servers = Arc::new(five());
+    let (a, b) = (client(&servers).await, client(&servers).await);
+    let n = name("safe");
+    let ttl = Duration::from_millis(1500);
+    let first = hold_on_a_bare_majority(&servers, &a, &n, ttl).await;
+    servers[2].kill().unwrap();
+    let mut attempts = 0;
+    loop {
+        let sent = Instant::now();
+        if sent >= first.deadline() {
+            break;
+        }
+        let r = b.try_acquire(&req(&n, ttl)).await;
+        if let Ok(Some(l)) = &r {
+            panic!(
+                "a second holder while the first held (attempt sent {:?} before its \
+                 deadline): {l:?}",
+                first.deadline() - sent
+            );
+        }
+        attempts += 1;
+        sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        attempts >= 5,
+        "only {attempts} attempts while the first held"
+    );
+    // Past the TTL on every node's clock too, then the node rejoins.
+    sleep_until(first.sent_at() + ttl + Duration::from_millis(100)).await;
+    let s = Arc::clone(&servers);
+    blocking(move || s[2].restart()).await.unwrap();
+    let second = b
+        .try_acquire(&req(&n, ttl))
+        .await
+        .unwrap()
+        .expect("free after the first holder's TTL");
+    assert!(Instant::now() > first.deadline());
+    assert!(second.fence() > first.fence());
+    b.release(&second).await.unwrap();
+}
+
+/// A node-redlock 5 client over the same five nodes (`tests/peers/`).
+struct NodeRedlock {
+    _child: Child,
+    stdin: ChildStdin,
+    stdout: Lines<BufReader<ChildStdout>>,
+}
+
+impl NodeRedlock {
+    async fn start(servers: &[RedisServer]) -> NodeRedlock {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers");
+        assert!(
+            dir.join("node_modules/redlock/package.json").exists(),
+            "node-redlock 5 is not installed: run scripts/install-peers.sh"
+        );
+        let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+        let mut child = Command::new("node")
+            .arg(dir.join("redlock_peer.js"))
+            .arg(urls.join(","))
+            .current_dir(&dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starting node");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut peer = NodeRedlock {
+            _child: child,
+            stdin,
+            stdout,
+        };
+        assert_eq!(peer.reply().await, "ready");
+        peer
+    }
+
+    async fn reply(&mut self) -> String {
+        match timeout(Duration::from_secs(30), self.stdout.next_line()).await {
+            Ok(Ok(Some(line))) => line,
+            other => panic!("node-redlock peer: no reply ({other:?})"),
+        }
+    }
+
+    async fn say(&mut self, line: &str) -> String {
+        self.stdin.write_all(line.as_bytes()).await.unwrap();
+        self.stdin.write_all(b"\n").await.unwrap();
+        self.stdin.flush().await.unwrap();
+        self.reply().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_redlock_on_the_same_five_nodes_and_name_excludes_both_ways() {
+    let servers = five();
+    let ours = client(&servers).await;
+    let mut theirs = NodeRedlock::start(&servers).await;
+    let n = name("interop");
+
+    assert_eq!(
+        theirs.say(&format!("acquire {n} 10000 0")).await,
+        "acquired"
+    );
+    let all: Vec<&RedisServer> = servers.iter().collect();
+    let on = holding(&all, n.as_str()).await;
+    assert!(
+        on >= 3,
+        "node-redlock should lock the name itself on a majority: {on} of 5"
+    );
+    assert!(
+        ours.try_acquire(&req(&n, Duration::from_secs(10)))
+            .await
+            .unwrap()
+            .is_none(),
+        "polylock took a lock node-redlock holds"
+    );
+    let info = ours.inspect(&n).await.unwrap().expect("held");
+    assert!(info.owner.contains("foreign"), "{info:?}");
+    assert_eq!(theirs.say(&format!("release {n}")).await, "released");
+
+    let lease = ours
+        .try_acquire(&req(&n, Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .expect("free after node-redlock released");
+    assert_eq!(
+        theirs.say(&format!("acquire {n} 10000 0")).await,
+        "busy",
+        "node-redlock took a lock polylock holds"
+    );
+    ours.release(&lease).await.unwrap();
+    assert_eq!(
+        theirs.say(&format!("acquire {n} 10000 0")).await,
+        "acquired"
+    );
+    assert_eq!(theirs.say(&format!("release {n}")).await, "released");
+    theirs.stdin.write_all(b"quit\n").await.unwrap();
+}
+
+#[tokio::test]
+async fn fewer_than_three_nodes_is_a_config_error_before_any_io() {
+    // Nothing listens on these ports: a connection attempt would fail with
+    // a backend error, not a configuration error.
+    for url in ["redlock://127.0.0.1:1", "redlock://127.0.0.1:1,127.0.0.1:2"] {
+        let r = RedlockBackend::connect(url).await;
+        assert!(matches!(r, Err(LockError::Config(_))), "{url}: {r:?}");
+    }
+}
+
+/// A raw command on one node, without the lock layer.
+async fn on_node(server: &RedisServer, cmd: &mut redis::Cmd) -> redis::Value {
+    let mut c = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection");
+    cmd.query_async(&mut c).await.unwrap()
+}
+
+/// The write-back makes the argument hold: a later majority that shares
+/// only ONE node with the holder's still counts on from the holder's token,
+/// even though that token came from a node the later majority lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_majority_sharing_one_node_counts_on_from_the_written_back_token() {
+    let servers = five();
+    let c = client(&servers).await;
+    let n = name("intersect");
+    let keys = c.keys(&n).unwrap();
+    let base: u64 = 1_000_000_000_000_000;
+    for (i, s) in servers.iter().enumerate() {
+        let start = if i == 0 { base + 1000 } else { base };
+        on_node(
+            s,
+            redis::cmd("HSET").arg(&keys.fence).arg("fence").arg(start),
+        )
+        .await;
+    }
+    // Another client holds the name on nodes 3 and 4: the first holder's
+    // majority is exactly 0, 1, 2, and node 0 hands out the largest token.
+    for s in &servers[3..] {
+        on_node(
+            s,
+            redis::cmd("SET")
+                .arg(&keys.lock)
+                .arg("foreign")
+                .arg("PX")
+                .arg(30_000),
+        )
+        .await;
+    }
+    let first = c
+        .try_acquire(&req(&n, Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("a majority is free");
+    assert_eq!(first.fence().get(), base + 1001);
+    for s in &servers[..3] {
+        let v = on_node(s, redis::cmd("HGET").arg(&keys.fence).arg("fence")).await;
+        let counter: u64 = redis::from_redis_value(v).unwrap();
+        assert_eq!(
+            counter,
+            first.fence().get(),
+            "the token was not written back"
+        );
+    }
+    c.release(&first).await.unwrap();
+    // Now the other client holds nodes 0 and 1: the next majority is 2, 3,
+    // 4, sharing only node 2 with the first.
+    for s in &servers[3..] {
+        on_node(s, redis::cmd("DEL").arg(&keys.lock)).await;
+    }
+    for s in &servers[..2] {
+        on_node(
+            s,
+            redis::cmd("SET")
+                .arg(&keys.lock)
+                .arg("foreign")
+                .arg("PX")
+                .arg(30_000),
+        )
+        .await;
+    }
+    let second = c
+        .try_acquire(&req(&n, Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("a majority is free");
+    assert!(
+        second.fence() > first.fence(),
+        "token {:?} after {:?}",
+        second.fence(),
+        first.fence()
+    );
+    c.release(&second).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_credentials_are_a_config_error_that_never_shows_the_password() {
+    let servers = RedisServer::start_independent(3, &[]).expect("start three redis-servers");
+    // Set after start: the test kit's readiness probe does not log in.
+    for s in &servers {
+        on_node(
+            s,
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("requirepass")
+                .arg("right-one"),
+        )
+        .await;
+    }
+    let r = RedlockBackend::connect(&format!(
+        "redlock://:hunter2@{}",
+        RedisServer::host_list(&servers)
+    ))
+    .await;
+    let Err(e) = r else {
+        panic!("connected with a wrong password: {r:?}")
+    };
+    assert!(matches!(e, LockError::Config(_)), "{e:?}");
+    assert!(!e.to_string().contains("hunter2"), "{e}");
+    assert!(!format!("{e:?}").contains("hunter2"), "{e:?}");
+    let ok = RedlockBackend::connect(&format!(
+        "redlock://:right-one@{}",
+        RedisServer::host_list(&servers)
+    ))
+    .await
+    .expect("the right password");
+    assert!(!format!("{ok:?}").contains("right-one"));
+}
+
+/// A key an earlier attempt of the same request left on a majority (its
+/// reply lost, its undo still on the way) is not taken for this attempt's
+/// own grant: the undo could delete it right after, and the attempt would
+/// have counted nodes that no longer hold the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_attempts_leftover_is_not_counted_as_a_grant() {
+    let servers = five();
+    let c = client(&servers).await;
+    for form in ["bare owner token", "owner token and nonce"] {
+        let n = name("leftover");
+        let keys = c.keys(&n).unwrap();
+        let r = req(&n, Duration::from_secs(30));
+        let left = match form {
+            "bare owner token" => r.owner.to_string(),
+            _ => format!("{}.0123456789abcdef", r.owner),
+        };
+        for s in &servers[..3] {
+            on_node(
+                s,
+                redis::cmd("SET")
+                    .arg(&keys.lock)
+                    .arg(&left)
+                    .arg("PX")
+                    .arg(30_000),
+            )
+            .await;
+            on_node(
+                s,
+                redis::cmd("HSET")
+                    .arg(&keys.fence)
+                    .arg("fence")
+                    .arg(1_000_000_000_000_000u64)
+                    .arg("owner")
+                    .arg(&left),
+            )
+            .await;
+        }
+        let got = c.try_acquire(&r).await.expect("attempt");
+        assert!(
+            got.is_none(),
+            "{form}: an earlier attempt's leftover on a majority was counted as this attempt's grant"
+        );
+        let all: Vec<&RedisServer> = servers.iter().collect();
+        assert_eq!(
+            holding(&all, n.as_str()).await,
+            3,
+            "{form}: the leftovers must be left alone"
+        );
+    }
+}
