@@ -2,10 +2,14 @@
 --
 -- KEYS[1] the lock hash (key = the lock name)   ARGV[1] TTL in milliseconds
 -- KEYS[2] fencing counter                       ARGV[2] holder field UUID:THREAD
+--                                               ARGV[3] 1: an earlier attempt of
+--                                                 this holder got no reply
 --
 -- The hash maps the holder's field to its hold count and carries the
 -- expiry. A free lock is taken with count 1 and a new fencing token; the
--- same field again adds a hold and keeps the token (same holding).
+-- same field again adds a hold and keeps the token (same holding) -- unless
+-- the client says an earlier attempt went unanswered: then the field is that
+-- attempt's grant, taken back with this attempt's TTL and no extra hold.
 --
 -- Returns {1, fence} when taken, {0, pttl} when someone else holds it.
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -21,7 +25,9 @@ if kind ~= 'hash' then
   return redis.error_reply('WRONGTYPE the lock key holds a ' .. kind .. ', not a Redisson lock hash')
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1 then
-  redis.call('HINCRBY', KEYS[1], ARGV[2], 1)
+  if ARGV[3] ~= '1' then
+    redis.call('HINCRBY', KEYS[1], ARGV[2], 1)
+  end
   redis.call('PEXPIRE', KEYS[1], ARGV[1])
   local fence = redis.call('GET', KEYS[2])
   if not fence then

@@ -1,5 +1,6 @@
 //! [`RedisBackend`]: the [`LockBackend`] implementation.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -8,7 +9,7 @@ use async_trait::async_trait;
 use lock_core::wait::{acquire_loop, Backoff};
 use lock_core::{
     AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Lease,
-    LockBackend, LockError, LockName, WaitMechanism,
+    LockBackend, LockError, LockName, OwnerToken, WaitMechanism,
 };
 use tokio::time::Instant;
 
@@ -90,6 +91,58 @@ struct Inner {
     link: Link,
     subscriber: Subscriber,
     foreign_wake: ForeignWake,
+    /// Acquire attempts (name, owner) whose reply never arrived: timed
+    /// out, failed on the wire, or dropped. Such an attempt may have taken
+    /// the lock on the server; the next attempt of the same owner takes
+    /// that grant back instead of waiting for it (the Redisson format,
+    /// where the same holder field otherwise counts one more hold).
+    unanswered: Mutex<HashSet<(LockName, OwnerToken)>>,
+}
+
+/// How many unanswered attempts a client remembers.
+const MAX_UNANSWERED: usize = 4096;
+
+/// Marks an attempt unanswered until it is disarmed by a reply; dropping
+/// the attempt's future leaves the mark in place.
+struct Unanswered<'a> {
+    set: &'a Mutex<HashSet<(LockName, OwnerToken)>>,
+    key: Option<(LockName, OwnerToken)>,
+}
+
+impl<'a> Unanswered<'a> {
+    /// Marks `key`; returns the guard and whether an earlier attempt of the
+    /// same owner on the same name went unanswered.
+    fn mark(
+        set: &'a Mutex<HashSet<(LockName, OwnerToken)>>,
+        key: (LockName, OwnerToken),
+    ) -> (Self, bool) {
+        // Every critical section is one insert, remove or clear.
+        let mut marks = set.lock().unwrap_or_else(|p| p.into_inner());
+        // Marks of attempts nobody retried would pile up; forgetting them
+        // only costs a retry its recovery (one extra hold), never safety.
+        if marks.len() >= MAX_UNANSWERED {
+            marks.clear();
+        }
+        let earlier = !marks.insert(key.clone());
+        drop(marks);
+        (
+            Unanswered {
+                set,
+                key: Some(key),
+            },
+            earlier,
+        )
+    }
+
+    /// The server answered: the outcome is known.
+    fn answered(mut self) {
+        if let Some(key) = self.key.take() {
+            self.set
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&key);
+        }
+    }
 }
 
 impl fmt::Debug for RedisBackend {
@@ -161,6 +214,7 @@ impl RedisBackend {
                 link,
                 subscriber,
                 foreign_wake,
+                unanswered: Mutex::default(),
             }),
         })
     }
@@ -232,17 +286,26 @@ impl RedisBackend {
         let ttl_ms = ttl_millis(req.ttl);
         let scripts = self.inner.layout.scripts();
         let holder = self.inner.layout.holder(req.owner);
+        let (pending, recover) =
+            Unanswered::mark(&self.inner.unanswered, (req.name.clone(), req.owner));
         let mut inv = scripts.acquire.prepare_invoke();
         inv.key(&keys.lock).key(&keys.fence);
         match self.inner.layout.format {
+            // The plain format recognises its own grant by value alone.
             Format::Plain => inv.arg(&holder).arg(ttl_ms),
-            Format::Redisson => inv.arg(ttl_ms).arg(&holder),
+            Format::Redisson => inv.arg(ttl_ms).arg(&holder).arg(u8::from(recover)),
         };
         // Measured before sending: the deadline can only come early.
         let sent_at = Instant::now();
-        let ((taken, n), acked): ((i64, i64), _) = self
+        let reply = self
             .run_script("acquire", &req.name, &keys.lock, &inv)
-            .await?;
+            .await;
+        // A failure that is not retryable is the server's definite answer;
+        // a retryable one (timeout, connection) leaves the outcome unknown.
+        if reply.as_ref().map_or_else(|e| !e.is_retryable(), |_| true) {
+            pending.answered();
+        }
+        let ((taken, n), acked): ((i64, i64), _) = reply?;
         if taken != 1 {
             let expires_in = u64::try_from(n).ok().map(Duration::from_millis);
             return Ok(Attempt::Held { expires_in });

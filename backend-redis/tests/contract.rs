@@ -75,6 +75,63 @@ async fn a_retry_recognises_its_own_orphaned_grant() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redisson_retry_takes_back_its_unanswered_grant_without_a_second_hold() {
+    let (srv, ours, mut raw) = server_and_clients("?format=redisson").await;
+    let n = name("contract/redisson-orphan");
+    let ttl = Duration::from_secs(30);
+    let request =
+        AcquireRequest::new(n.clone(), OwnerToken::random(), ttl, Duration::from_secs(5)).unwrap();
+    // The first attempt reaches the server while it is paused, and its
+    // caller gives up before any reply: the grant lands with nobody told.
+    srv.pause().unwrap();
+    let gave_up =
+        tokio::time::timeout(Duration::from_millis(300), ours.try_acquire(&request)).await;
+    assert!(gave_up.is_err(), "a paused server answered: {gave_up:?}");
+    srv.resume().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while raw.exists::<_, bool>(n.as_str()).await.unwrap() == false {
+        assert!(
+            Instant::now() < deadline,
+            "the unanswered attempt never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The retry of the same request finds that grant at once, with one hold.
+    let started = Instant::now();
+    let lease = ours
+        .acquire(&request)
+        .await
+        .unwrap()
+        .expect("the retry takes back its own grant");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let holds: Vec<(String, String)> = raw.hgetall(n.as_str()).await.unwrap();
+    assert_eq!(holds.len(), 1, "{holds:?}");
+    assert_eq!(
+        holds[0].1, "1",
+        "the retry counted a second hold: {holds:?}"
+    );
+    // So one release frees it.
+    ours.release(&lease).await.unwrap();
+    assert!(
+        ours.inspect(&n).await.unwrap().is_none(),
+        "still held after the only release"
+    );
+    // A second acquire of the same owner without an unanswered attempt
+    // before it still re-enters, as Redisson does.
+    let first = ours.try_acquire(&request).await.unwrap().expect("free");
+    let again = ours.try_acquire(&request).await.unwrap().expect("re-enter");
+    assert_eq!(again.fence(), first.fence());
+    let holds: Vec<(String, String)> = raw.hgetall(n.as_str()).await.unwrap();
+    assert_eq!(holds[0].1, "2", "{holds:?}");
+    ours.release(&again).await.unwrap();
+    ours.release(&first).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_evicted_fence_counter_never_hands_out_a_lower_token() {
     for query in FORMATS {
         let (_srv, ours, mut raw) = server_and_clients(query).await;
