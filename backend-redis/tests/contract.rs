@@ -89,7 +89,7 @@ async fn a_redisson_retry_takes_back_its_unanswered_grant_without_a_second_hold(
     assert!(gave_up.is_err(), "a paused server answered: {gave_up:?}");
     srv.resume().unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while raw.exists::<_, bool>(n.as_str()).await.unwrap() == false {
+    while !raw.exists::<_, bool>(n.as_str()).await.unwrap() {
         assert!(
             Instant::now() < deadline,
             "the unanswered attempt never ran"
