@@ -26,8 +26,8 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lock_core::options::positive_duration;
-use lock_core::{redact_url, LockError};
+use lock_core::url::{LockUrl, UrlHost};
+use lock_core::LockError;
 
 /// How a lock is stored in Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -139,87 +139,27 @@ impl RedisConfig {
     /// assert!(RedisConfig::from_url("redis://cache/x").is_err());
     /// ```
     pub fn from_url(url: &str) -> Result<RedisConfig, LockError> {
-        let redacted = redact_url(url);
-        let bad = |why: String| LockError::Config(format!("`{redacted}`: {why}"));
-
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("expected redis://, rediss:// or redis+cluster://".into()))?;
-        let (cluster, tls) = match scheme.to_ascii_lowercase().as_str() {
+        let u = LockUrl::parse(url, "redis://, rediss:// or redis+cluster://")?;
+        let (cluster, tls) = match u.scheme() {
             "redis" => (false, false),
             "rediss" => (false, true),
             "redis+cluster" => (true, false),
             other => {
-                return Err(bad(format!(
+                return Err(u.error(format_args!(
                     "unknown scheme `{other}`; expected redis, rediss or redis+cluster"
                 )))
             }
         };
-        if rest.contains('#') {
-            return Err(bad("URL fragments (`#...`) are not supported".into()));
-        }
-        let (rest, query) = match rest.split_once('?') {
-            Some((r, q)) => (r, Some(q)),
-            None => (rest, None),
-        };
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-        // Credentials end at the last '@': a password may contain '@'.
-        let (userinfo, hosts) = match authority.rfind('@') {
-            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
-            None => (None, authority),
-        };
-        let (username, password) = match userinfo {
-            None => (None, None),
-            Some(info) => {
-                let (user, pass) = match info.split_once(':') {
-                    Some((u, p)) => (u, Some(p)),
-                    None => (info, None),
-                };
-                let user = decode(user)
-                    .map_err(|()| bad("the user name is not valid percent-encoded UTF-8".into()))?;
-                let pass = match pass {
-                    // Never echo the password, not even in part.
-                    Some(p) => Some(decode(p).map_err(|()| {
-                        bad("the password is not valid percent-encoded UTF-8".into())
-                    })?),
-                    None => None,
-                };
-                (
-                    (!user.is_empty()).then_some(user),
-                    pass.filter(|p| !p.is_empty()),
-                )
-            }
-        };
-
-        let mut nodes = Vec::new();
-        for host in hosts.split(',') {
-            nodes.push(parse_node(host).map_err(bad)?);
-        }
+        let (username, password) = credentials(&u);
+        let nodes: Vec<Node> = u.hosts().iter().map(Node::from).collect();
         if !cluster && nodes.len() > 1 {
-            return Err(bad(
-                "several hosts need the redis+cluster:// scheme (one cluster) or redlock:// (independent nodes)".into(),
+            return Err(u.error(
+                "several hosts need the redis+cluster:// scheme (one cluster) or redlock:// (independent nodes)",
             ));
         }
-
-        let db = match path.trim_end_matches('/') {
-            "" => 0,
-            p => {
-                let digits = &p[1..];
-                match digits.parse::<i64>() {
-                    Ok(n) if n >= 0 && digits.bytes().all(|b| b.is_ascii_digit()) => n,
-                    _ => {
-                        return Err(bad(format!(
-                            "the path must be a database number, like /0; got `{p}`"
-                        )))
-                    }
-                }
-            }
-        };
+        let db = database(&u)?;
         if cluster && db != 0 {
-            return Err(bad("Redis Cluster has only database 0".into()));
+            return Err(u.error("Redis Cluster has only database 0"));
         }
 
         let mut cfg = RedisConfig {
@@ -235,65 +175,55 @@ impl RedisConfig {
             wait_replicas: None,
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
             timeout: DEFAULT_TIMEOUT,
-            redacted: redacted.clone(),
+            redacted: u.redacted().to_string(),
         };
-        let mut seen = Vec::new();
         let mut prefix_given = false;
         let mut wait_timeout_given = false;
-        for (key, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-            if seen.contains(&key) {
-                return Err(bad(format!("option `{key}` is given twice")));
-            }
-            seen.push(key.clone());
-            match &*key {
+        for (key, value) in u.options() {
+            match key {
                 "format" => {
-                    cfg.format = match &*value {
+                    cfg.format = match value {
                         "plain" => Format::Plain,
                         "redisson" => Format::Redisson,
                         other => {
-                            return Err(bad(format!(
-                                "format must be plain or redisson, not `{other}`"
-                            )))
+                            return Err(u.option_error(
+                                key,
+                                format_args!("format must be plain or redisson, not `{other}`"),
+                            ))
                         }
                     }
                 }
                 "prefix" => {
-                    cfg.prefix = value.into_owned();
+                    cfg.prefix = value.to_string();
                     prefix_given = true;
                 }
                 "wait_replicas" => {
                     let n: u32 = value.parse().map_err(|_| {
-                        bad(format!(
-                            "wait_replicas must be a whole number, not `{value}`"
-                        ))
+                        u.option_error(key, format_args!("a whole number, not `{value}`"))
                     })?;
                     cfg.wait_replicas = (n > 0).then_some(n);
                 }
                 "wait_timeout" => {
-                    cfg.wait_timeout = positive_duration(&value).map_err(bad)?;
+                    cfg.wait_timeout = u.positive_duration(key, value)?;
                     wait_timeout_given = true;
                 }
-                "timeout" => cfg.timeout = positive_duration(&value).map_err(bad)?,
+                "timeout" => cfg.timeout = u.positive_duration(key, value)?,
                 "tls_ca" => {
                     if !tls {
-                        return Err(bad("tls_ca needs the rediss:// scheme".into()));
+                        return Err(u.error("tls_ca needs the rediss:// scheme"));
                     }
-                    cfg.tls_ca = Some(PathBuf::from(&*value));
+                    cfg.tls_ca = Some(PathBuf::from(value));
                 }
-                other => {
-                    return Err(bad(format!(
-                        "unknown option `{other}`; the options are {OPTIONS}"
-                    )))
-                }
+                other => return Err(u.unknown_option(other, OPTIONS)),
             }
         }
         if cfg.format == Format::Redisson && prefix_given {
-            return Err(bad(
-                "prefix does not apply to format=redisson: Redisson's keys are the lock name itself".into(),
+            return Err(u.error(
+                "prefix does not apply to format=redisson: Redisson's keys are the lock name itself",
             ));
         }
         if wait_timeout_given && cfg.wait_replicas.is_none() {
-            return Err(bad("wait_timeout needs wait_replicas".into()));
+            return Err(u.error("wait_timeout needs wait_replicas"));
         }
         Ok(cfg)
     }
@@ -387,50 +317,36 @@ impl RedisConfig {
     }
 }
 
-pub(crate) fn parse_node(host: &str) -> Result<Node, String> {
-    if host.is_empty() {
-        return Err("a host is missing".into());
-    }
-    let (name, port) = if let Some(v6) = host.strip_prefix('[') {
-        let (addr, after) = v6
-            .split_once(']')
-            .ok_or_else(|| format!("`{host}`: unclosed IPv6 bracket"))?;
-        let port = match after {
-            "" => None,
-            p => Some(
-                p.strip_prefix(':')
-                    .ok_or_else(|| format!("`{host}`: expected :PORT after the IPv6 address"))?,
-            ),
-        };
-        (addr.to_string(), port)
-    } else {
-        match host.rsplit_once(':') {
-            Some((h, p)) => (h.to_string(), Some(p)),
-            None => (host.to_string(), None),
-        }
-    };
-    if name.is_empty() {
-        return Err(format!("`{host}`: the host name is empty"));
-    }
-    if name.contains(['/', ' ', '@']) {
-        return Err(format!("`{host}`: not a host name"));
-    }
-    let port = match port {
-        None => 6379,
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|&p| p > 0)
-            .ok_or_else(|| format!("`{host}`: the port must be a number from 1 to 65535"))?,
-    };
-    Ok(Node { host: name, port })
+/// The user name and password of a Redis URL: an empty user name (as in
+/// `redis://:pw@host`, password-only AUTH) or password means none.
+pub(crate) fn credentials(u: &LockUrl) -> (Option<String>, Option<String>) {
+    let user = u.username().filter(|s| !s.is_empty()).map(str::to_string);
+    let pass = u.password().filter(|s| !s.is_empty()).map(str::to_string);
+    (user, pass)
 }
 
-pub(crate) fn decode(s: &str) -> Result<String, ()> {
-    percent_encoding::percent_decode_str(s)
-        .decode_utf8()
-        .map(|c| c.into_owned())
-        .map_err(|_| ())
+/// The database number a Redis URL's path names (`/2`); 0 without one.
+pub(crate) fn database(u: &LockUrl) -> Result<i64, LockError> {
+    let p = u.path().trim_end_matches('/');
+    if p.is_empty() {
+        return Ok(0);
+    }
+    let digits = &p[1..];
+    match digits.parse::<i64>() {
+        Ok(n) if n >= 0 && digits.bytes().all(|b| b.is_ascii_digit()) => Ok(n),
+        _ => Err(u.error(format_args!(
+            "the path must be a database number, like /0; got `{p}`"
+        ))),
+    }
+}
+
+impl From<&UrlHost> for Node {
+    fn from(h: &UrlHost) -> Node {
+        Node {
+            host: h.host.clone(),
+            port: h.port.unwrap_or(6379),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -40,6 +40,7 @@ pub mod options;
 mod owner;
 mod redact;
 mod token;
+pub mod url;
 pub mod wait;
 mod watchdog;
 

@@ -22,10 +22,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::options::{parse_duration, positive_duration};
-use lock_core::{redact_url, LockError};
+use lock_core::url::LockUrl;
+use lock_core::LockError;
 
-use crate::config::{decode, parse_node, RedisConfig, DEFAULT_PREFIX};
+use crate::config::{credentials, database, Node, RedisConfig, DEFAULT_PREFIX};
 
 /// The default for `timeout=`.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);
@@ -82,108 +82,65 @@ impl RedlockConfig {
     /// assert!(RedlockConfig::from_url("redlock://a:1,b:2").is_err());
     /// ```
     pub fn from_url(url: &str) -> Result<RedlockConfig, LockError> {
-        let redacted = redact_url(url);
-        let bad = |why: String| LockError::Config(format!("`{redacted}`: {why}"));
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("expected redlock://host:port,host:port,host:port".into()))?;
-        if !scheme.eq_ignore_ascii_case("redlock") {
-            return Err(bad(format!("unknown scheme `{scheme}`; expected redlock")));
+        let u = LockUrl::parse(url, "redlock://host:port,host:port,host:port")?;
+        if u.scheme() != "redlock" {
+            return Err(u.error(format_args!(
+                "unknown scheme `{}`; expected redlock",
+                u.scheme()
+            )));
         }
-        if rest.contains('#') {
-            return Err(bad("URL fragments (`#...`) are not supported".into()));
-        }
-        let (rest, query) = match rest.split_once('?') {
-            Some((r, q)) => (r, q),
-            None => (rest, ""),
-        };
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-        let (userinfo, hosts) = match authority.rfind('@') {
-            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
-            None => (None, authority),
-        };
-        let (username, password) = match userinfo {
-            None => (None, None),
-            Some(info) => {
-                let (user, pass) = info.split_once(':').unwrap_or((info, ""));
-                let user = decode(user)
-                    .map_err(|()| bad("the user name is not valid percent-encoded UTF-8".into()))?;
-                let pass = decode(pass)
-                    .map_err(|()| bad("the password is not valid percent-encoded UTF-8".into()))?;
-                (
-                    (!user.is_empty()).then_some(user),
-                    (!pass.is_empty()).then_some(pass),
-                )
-            }
-        };
+        let (username, password) = credentials(&u);
         let mut nodes = Vec::new();
-        for host in hosts.split(',') {
-            let node = parse_node(host).map_err(bad)?;
+        for host in u.hosts() {
+            let node = Node::from(host);
             if nodes.contains(&node) {
-                return Err(bad(format!(
-                    "`{host}` is listed twice: Redlock needs independent nodes, and one node \
-                     counted twice would make a minority look like a majority"
+                return Err(u.error(format_args!(
+                    "`{}:{}` is listed twice: Redlock needs independent nodes, and one node \
+                     counted twice would make a minority look like a majority",
+                    node.host, node.port
                 )));
             }
             nodes.push(node);
         }
         if nodes.len() < MIN_NODES {
-            return Err(bad(format!(
+            return Err(u.error(format_args!(
                 "Redlock needs at least {MIN_NODES} independent nodes (an odd number, like 3 or \
                  5, is best); got {}",
                 nodes.len()
             )));
         }
-        let db = match path.trim_end_matches('/') {
-            "" => 0,
-            p => match p[1..].parse::<i64>() {
-                Ok(n) if n >= 0 && p[1..].bytes().all(|b| b.is_ascii_digit()) => n,
-                _ => {
-                    return Err(bad(format!(
-                        "the path must be a database number, like /0; got `{p}`"
-                    )))
-                }
-            },
-        };
+        let db = database(&u)?;
 
         let mut timeout = DEFAULT_NODE_TIMEOUT;
         let mut drift_factor = DEFAULT_DRIFT_FACTOR;
         let mut drift = DEFAULT_DRIFT;
         let mut retry_delay = DEFAULT_RETRY_DELAY;
         let mut prefix = DEFAULT_PREFIX.to_string();
-        let mut seen = Vec::new();
-        for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
-            if seen.contains(&key) {
-                return Err(bad(format!("option `{key}` is given twice")));
-            }
-            seen.push(key.clone());
-            match &*key {
-                "timeout" => timeout = positive_duration(&value).map_err(bad)?,
-                "drift" => drift = parse_duration(&value).map_err(bad)?,
-                "retry_delay" => retry_delay = positive_duration(&value).map_err(bad)?,
-                "prefix" => prefix = value.into_owned(),
+        for (key, value) in u.options() {
+            match key {
+                "timeout" => timeout = u.positive_duration(key, value)?,
+                "drift" => drift = u.duration(key, value)?,
+                "retry_delay" => retry_delay = u.positive_duration(key, value)?,
+                "prefix" => prefix = value.to_string(),
                 "drift_factor" => {
                     drift_factor = value
                         .parse::<f64>()
                         .ok()
                         .filter(|f| (0.0..0.5).contains(f))
                         .ok_or_else(|| {
-                            bad(format!(
-                                "drift_factor must be a number from 0 up to (not including) \
-                                 0.5, like 0.01; got `{value}`"
-                            ))
+                            u.option_error(
+                                key,
+                                format_args!(
+                                    "drift_factor must be a number from 0 up to (not including) \
+                                     0.5, like 0.01; got `{value}`"
+                                ),
+                            )
                         })?
                 }
-                other => {
-                    return Err(bad(format!(
-                        "unknown option `{other}`; the options are {OPTIONS}"
-                    )))
-                }
+                other => return Err(u.unknown_option(other, OPTIONS)),
             }
         }
+        let redacted = u.redacted().to_string();
         let nodes = nodes
             .into_iter()
             .map(|n| {

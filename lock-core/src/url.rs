@@ -1,0 +1,303 @@
+//! The parts every lock URL shares, parsed in one place: scheme,
+//! credentials, host list, path and `?key=value` options. Each backend
+//! keeps only what is its own (which schemes, default port, what the path
+//! means, which options).
+//!
+//! Errors are [`LockError::Config`] naming the URL with its password
+//! redacted, raised before any I/O.
+
+use std::time::Duration;
+
+use crate::error::LockError;
+use crate::options::{parse_duration, positive_duration};
+use crate::redact::redact_url;
+
+/// One `host[:port]` of a host list; IPv6 addresses in brackets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UrlHost {
+    /// The host name or address, without brackets.
+    pub host: String,
+    /// The port, when given.
+    pub port: Option<u16>,
+}
+
+/// A lock URL split into its shared parts.
+///
+/// ```
+/// use lock_core::url::LockUrl;
+/// let u = LockUrl::parse("redis://:p%40ss@[::1]:7000,b/2?timeout=1s", "redis://HOST").unwrap();
+/// assert_eq!(u.scheme(), "redis");
+/// assert_eq!(u.password(), Some("p@ss"));
+/// assert_eq!(u.hosts()[0].host, "::1");
+/// assert_eq!(u.hosts()[0].port, Some(7000));
+/// assert_eq!(u.hosts()[1].port, None);
+/// assert_eq!(u.path(), "/2");
+/// assert!(!format!("{}", u.redacted()).contains("p%40ss"));
+/// ```
+#[derive(Clone)]
+pub struct LockUrl {
+    scheme: String,
+    username: Option<String>,
+    password: Option<String>,
+    hosts: Vec<UrlHost>,
+    path: String,
+    options: Vec<(String, String)>,
+    redacted: String,
+}
+
+impl std::fmt::Debug for LockUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockUrl")
+            .field("url", &self.redacted)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockUrl {
+    /// Splits `url`. Refuses a missing `://` (saying "expected `usage`",
+    /// e.g. `etcd://HOST[:PORT]`), a fragment, credentials that are not
+    /// valid percent-encoded UTF-8, an empty host, a bad port, and an
+    /// option given twice.
+    pub fn parse(url: &str, usage: &str) -> Result<LockUrl, LockError> {
+        let redacted = redact_url(url);
+        let bad = |why: String| LockError::Config(format!("`{redacted}`: {why}"));
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad(format!("expected {usage}")))?;
+        if rest.contains('#') {
+            return Err(bad("URL fragments (`#...`) are not supported".into()));
+        }
+        // As in every URL: the authority ends at the first '/' or '?', and
+        // the credentials at the last '@' inside it, so a password may hold
+        // '@' and ':' unencoded (but '/', '?' and '#' must be encoded; the
+        // redacted message never shows them either way).
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let (path, query) = match tail.split_once('?') {
+            Some((p, q)) => (p, q),
+            None => (tail, ""),
+        };
+        let (userinfo, hosts) = match authority.rfind('@') {
+            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
+            None => (None, authority),
+        };
+        let (username, password) = match userinfo {
+            None => (None, None),
+            Some(info) => {
+                let (user, pass) = match info.split_once(':') {
+                    Some((u, p)) => (u, Some(p)),
+                    None => (info, None),
+                };
+                let user = decode(user).ok_or_else(|| {
+                    bad("the user name is not valid percent-encoded UTF-8".into())
+                })?;
+                // Never echo the password, not even in part.
+                let pass = match pass {
+                    Some(p) => Some(decode(p).ok_or_else(|| {
+                        bad("the password is not valid percent-encoded UTF-8".into())
+                    })?),
+                    None => None,
+                };
+                (Some(user), pass)
+            }
+        };
+        let hosts = hosts
+            .split(',')
+            .map(parse_host)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(bad)?;
+        let mut options: Vec<(String, String)> = Vec::new();
+        for (key, value) in ::url::form_urlencoded::parse(query.as_bytes()) {
+            if options.iter().any(|(k, _)| *k == key) {
+                return Err(bad(format!("option `{key}` is given twice")));
+            }
+            options.push((key.into_owned(), value.into_owned()));
+        }
+        Ok(LockUrl {
+            scheme: scheme.to_ascii_lowercase(),
+            username,
+            password,
+            hosts,
+            path: path.to_string(),
+            options,
+            redacted,
+        })
+    }
+
+    /// The scheme, lower-cased.
+    pub fn scheme(&self) -> &str {
+        &self.scheme
+    }
+    /// The user name as given (decoded); `Some("")` for `:pw@host`.
+    pub fn username(&self) -> Option<&str> {
+        self.username.as_deref()
+    }
+    /// The password (decoded), if a `:` followed the user name.
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+    /// The host list, in order.
+    pub fn hosts(&self) -> &[UrlHost] {
+        &self.hosts
+    }
+    /// Everything from the first `/` after the hosts up to `?`; `""` when
+    /// there is none.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+    /// The URL with its password replaced, for messages and `Debug`.
+    pub fn redacted(&self) -> &str {
+        &self.redacted
+    }
+    /// The options in the order given.
+    pub fn options(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.options.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    /// A [`LockError::Config`] about this URL.
+    pub fn error(&self, why: impl std::fmt::Display) -> LockError {
+        LockError::Config(format!("`{}`: {why}", self.redacted))
+    }
+
+    /// An error naming `option` and what is wrong with its value.
+    pub fn option_error(&self, option: &str, why: impl std::fmt::Display) -> LockError {
+        self.error(format_args!("option `{option}`: {why}"))
+    }
+
+    /// The error for an option no backend knows, listing the known ones.
+    pub fn unknown_option(&self, option: &str, known: &str) -> LockError {
+        self.error(format_args!(
+            "unknown option `{option}`; the options are {known}"
+        ))
+    }
+
+    /// The value of duration `option`, parsed by the one option grammar
+    /// ([`parse_duration`]).
+    pub fn duration(&self, option: &str, value: &str) -> Result<Duration, LockError> {
+        parse_duration(value).map_err(|e| self.option_error(option, e))
+    }
+
+    /// As [`duration`](LockUrl::duration), refusing zero.
+    pub fn positive_duration(&self, option: &str, value: &str) -> Result<Duration, LockError> {
+        positive_duration(value).map_err(|e| self.option_error(option, e))
+    }
+}
+
+/// Percent-decodes `s` as UTF-8.
+fn decode(s: &str) -> Option<String> {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .ok()
+        .map(|c| c.into_owned())
+}
+
+fn parse_host(host: &str) -> Result<UrlHost, String> {
+    if host.is_empty() {
+        return Err("a host is missing".into());
+    }
+    let (name, port) = if let Some(v6) = host.strip_prefix('[') {
+        let (addr, after) = v6
+            .split_once(']')
+            .ok_or_else(|| format!("`{host}`: unclosed IPv6 bracket"))?;
+        let port = match after {
+            "" => None,
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or_else(|| format!("`{host}`: expected :PORT after the IPv6 address"))?,
+            ),
+        };
+        (addr.to_string(), port)
+    } else {
+        match host.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p)),
+            None => (host.to_string(), None),
+        }
+    };
+    if name.is_empty() {
+        return Err(format!("`{host}`: the host name is empty"));
+    }
+    if name.contains(['/', ' ', '@']) {
+        return Err(format!("`{host}`: not a host name"));
+    }
+    let port = port
+        .map(|p| {
+            p.parse::<u16>()
+                .ok()
+                .filter(|&p| p > 0)
+                .ok_or_else(|| format!("`{host}`: the port must be a number from 1 to 65535"))
+        })
+        .transpose()?;
+    Ok(UrlHost { host: name, port })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(url: &str) -> String {
+        match LockUrl::parse(url, "SCHEME://HOST") {
+            Err(LockError::Config(m)) => m,
+            other => panic!("{url}: expected a Config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn splits_the_shared_parts() {
+        let u = LockUrl::parse(
+            "Etcd://user:p%2Fw@h1:2379,[fe80::1]:1/x/y?a=1&b=2%20s",
+            "etcd://",
+        )
+        .unwrap();
+        assert_eq!(u.scheme(), "etcd");
+        assert_eq!((u.username(), u.password()), (Some("user"), Some("p/w")));
+        assert_eq!(
+            u.hosts(),
+            &[
+                UrlHost {
+                    host: "h1".into(),
+                    port: Some(2379)
+                },
+                UrlHost {
+                    host: "fe80::1".into(),
+                    port: Some(1)
+                },
+            ]
+        );
+        assert_eq!(u.path(), "/x/y");
+        assert_eq!(
+            u.options().collect::<Vec<_>>(),
+            vec![("a", "1"), ("b", "2 s")]
+        );
+    }
+
+    #[test]
+    fn passwords_keep_at_and_colon_and_never_show() {
+        for pw in ["a@b", "x:y", "p%2Fw", "q%3Fr", "h%23s"] {
+            let u =
+                LockUrl::parse(&format!("redis://u:{pw}@host:1/0?timeout=1s"), "redis://").unwrap();
+            assert_eq!(u.password(), decode(pw).as_deref());
+            assert_eq!(u.hosts()[0].host, "host");
+            assert_eq!(u.path(), "/0");
+            assert!(!u.redacted().contains(pw), "{}", u.redacted());
+        }
+        // Unencoded '/', '?', '#' end the authority: refused, and the
+        // message still hides the password.
+        for pw in ["pa/ss", "q?r", "ab#c"] {
+            let m = err(&format!("redis://u:{pw}@host:1/0"));
+            assert!(!m.contains(pw), "{m}");
+        }
+    }
+
+    #[test]
+    fn refuses_what_no_backend_accepts() {
+        assert!(err("redis:/h").contains("SCHEME://"));
+        assert!(err("redis://h#frag").contains("fragments"));
+        assert!(err("redis://h?x=1&x=2").contains("given twice"));
+        assert!(err("redis://h:0").contains("port"));
+        assert!(err("redis://h:70000").contains("port"));
+        assert!(err("redis://[::1").contains("bracket"));
+        assert!(err("redis://a,,b").contains("missing"));
+        assert!(err("redis://u:%ff@h").contains("password"));
+        assert!(!err("redis://u:s3cr%ff@h").contains("s3cr"));
+    }
+}
