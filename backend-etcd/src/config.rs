@@ -39,9 +39,8 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lock_core::options::positive_duration;
-use lock_core::{redact_url, LockError};
-use percent_encoding::percent_decode_str;
+use lock_core::url::{LockUrl, UrlHost};
+use lock_core::LockError;
 
 /// The port used when an endpoint names none.
 pub const DEFAULT_PORT: u16 = 2379;
@@ -102,116 +101,74 @@ impl EtcdConfig {
     /// [`LockError::Config`] naming the (redacted) URL and what is wrong,
     /// raised before any I/O.
     pub fn parse(url: &str) -> Result<Self, LockError> {
-        let redacted = redact_url(url);
-        let bad = |why: String| LockError::Config(format!("`{redacted}`: {why}"));
-
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("expected etcd://HOST[:PORT][,HOST[:PORT]...]".into()))?;
-        let mut tls = match scheme.to_ascii_lowercase().as_str() {
+        let u = LockUrl::parse(url, "etcd://HOST[:PORT][,HOST[:PORT]...]")?;
+        let mut tls = match u.scheme() {
             "etcd" => false,
             "etcds" => true,
             other => {
-                return Err(bad(format!(
+                return Err(u.error(format_args!(
                     "the scheme must be etcd or etcds, not `{other}`"
                 )))
             }
         };
-        if rest.contains('#') {
-            return Err(bad("a fragment (#...) has no meaning here".into()));
+        if !u.path().trim_end_matches('/').is_empty() {
+            return Err(u.error("a path has no meaning here; use ?prefix= to place the lock keys"));
         }
-        let (before_query, query) = match rest.split_once('?') {
-            Some((b, q)) => (b, Some(q)),
-            None => (rest, None),
-        };
-        let authority = match before_query.find('/') {
-            Some(slash) => {
-                if !before_query[slash..].trim_end_matches('/').is_empty() {
-                    return Err(bad(
-                        "a path has no meaning here; use ?prefix= to place the lock keys".into(),
-                    ));
-                }
-                &before_query[..slash]
+        let (user, password) = match (u.username(), u.password()) {
+            (None, _) => (None, None),
+            (Some(""), _) => return Err(u.error("the user name is empty")),
+            (Some(_), None) => {
+                return Err(u.error("etcd auth needs a password: etcd://USER:PASSWORD@HOST"))
             }
-            None => before_query,
+            (Some(user), Some(pass)) => (Some(user.to_string()), Some(pass.to_string())),
         };
-        // Credentials end at the last '@': a password may itself contain '@'.
-        let (userinfo, hosts) = match authority.rfind('@') {
-            Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
-            None => (None, authority),
-        };
-        let (user, password) = match userinfo {
-            None => (None, None),
-            Some(info) => {
-                let (u, p) = match info.split_once(':') {
-                    Some((u, p)) => (u, Some(p)),
-                    None => (info, None),
-                };
-                let u = decode(u).map_err(|e| bad(format!("the user name {e}")))?;
-                if u.is_empty() {
-                    return Err(bad("the user name is empty".into()));
-                }
-                let p = match p {
-                    Some(p) => decode(p).map_err(|e| bad(format!("the password {e}")))?,
-                    None => {
-                        return Err(bad(
-                            "etcd auth needs a password: etcd://USER:PASSWORD@HOST".into()
-                        ))
-                    }
-                };
-                (Some(u), Some(p))
-            }
-        };
-        let endpoints = hosts
-            .split(',')
-            .map(parse_endpoint)
+        let endpoints = u
+            .hosts()
+            .iter()
+            .map(endpoint)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(bad)?;
+            .map_err(|e| u.error(e))?;
 
         let mut prefix = String::new();
         let mut ca = None;
         let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
         let mut op_timeout = DEFAULT_OP_TIMEOUT;
-        let mut seen = Vec::new();
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = decode(value).map_err(|e| bad(format!("option `{key}` {e}")))?;
-            if seen.contains(&key) {
-                return Err(bad(format!("option `{key}` is given twice")));
-            }
-            seen.push(key);
-            let opt = |why: String| bad(format!("option `{key}`: {why}"));
+        for (key, value) in u.options() {
             match key {
                 "prefix" => {
                     if value.contains('\0') {
-                        return Err(opt("the prefix contains a NUL character".into()));
+                        return Err(u.option_error(key, "the prefix contains a NUL character"));
                     }
-                    prefix = value;
+                    prefix = value.to_string();
                 }
                 "tls" => {
-                    tls = match value.as_str() {
+                    tls = match value {
                         "true" | "1" | "yes" | "on" => true,
                         "false" | "0" | "no" | "off" => false,
-                        other => return Err(opt(format!("`{other}` is not true or false"))),
+                        other => {
+                            return Err(
+                                u.option_error(key, format_args!("`{other}` is not true or false"))
+                            )
+                        }
                     }
                 }
                 "ca" => {
                     if value.is_empty() {
-                        return Err(opt("needs the path of a PEM file".into()));
+                        return Err(u.option_error(key, "needs the path of a PEM file"));
                     }
                     ca = Some(PathBuf::from(value));
                     tls = true;
                 }
-                "connect_timeout" => connect_timeout = positive_duration(&value).map_err(opt)?,
-                "op_timeout" => op_timeout = positive_duration(&value).map_err(opt)?,
+                "connect_timeout" => connect_timeout = u.positive_duration(key, value)?,
+                "op_timeout" => op_timeout = u.positive_duration(key, value)?,
                 other => {
-                    return Err(bad(format!(
-                        "unknown option `{other}` (known: prefix, tls, ca, connect_timeout, \
-                         op_timeout)"
-                    )))
+                    return Err(
+                        u.unknown_option(other, "prefix, tls, ca, connect_timeout, op_timeout")
+                    )
                 }
             }
         }
+        let redacted = u.redacted().to_string();
         Ok(EtcdConfig {
             endpoints,
             user,
@@ -270,55 +227,24 @@ impl EtcdConfig {
     }
 }
 
-/// `host[:port]` or `[v6]:port`, with the default port filled in.
-fn parse_endpoint(s: &str) -> Result<String, String> {
-    if s.is_empty() {
-        return Err("an endpoint is empty (expected HOST[:PORT], comma-separated)".into());
-    }
-    let (host, port) = if let Some(v6) = s.strip_prefix('[') {
-        let (addr, after) = v6
-            .split_once(']')
-            .ok_or_else(|| format!("`{s}`: an IPv6 address needs a closing `]`"))?;
-        if addr.is_empty() {
-            return Err(format!("`{s}`: empty IPv6 address"));
-        }
-        let port = match after {
-            "" => None,
-            p => Some(
-                p.strip_prefix(':')
-                    .ok_or_else(|| format!("`{s}`: expected `:PORT` after `]`"))?,
-            ),
-        };
-        (format!("[{addr}]"), port)
-    } else {
-        match s.split_once(':') {
-            Some((h, p)) => (h.to_string(), Some(p)),
-            None => (s.to_string(), None),
-        }
-    };
-    if host.is_empty()
-        || !host.starts_with('[')
-            && !host
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+/// `host:port` (IPv6 in brackets) of one endpoint, with the default port
+/// filled in. etcd endpoints are host names or addresses only.
+fn endpoint(h: &UrlHost) -> Result<String, String> {
+    let v6 = h.host.contains(':');
+    if !v6
+        && !h
+            .host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
     {
-        return Err(format!("`{s}` is not a host name or address"));
+        return Err(format!("`{}` is not a host name or address", h.host));
     }
-    let port = match port {
-        None => DEFAULT_PORT,
-        Some(p) => match p.parse::<u16>() {
-            Ok(p) if p > 0 => p,
-            _ => return Err(format!("`{s}`: `{p}` is not a port number")),
-        },
-    };
-    Ok(format!("{host}:{port}"))
-}
-
-fn decode(s: &str) -> Result<String, String> {
-    percent_decode_str(s)
-        .decode_utf8()
-        .map(|c| c.into_owned())
-        .map_err(|_| "is not valid UTF-8 once percent-decoded".to_string())
+    let port = h.port.unwrap_or(DEFAULT_PORT);
+    Ok(if v6 {
+        format!("[{}]:{port}", h.host)
+    } else {
+        format!("{}:{port}", h.host)
+    })
 }
 
 #[cfg(test)]

@@ -106,12 +106,21 @@ impl LockUrl {
             .map(parse_host)
             .collect::<Result<Vec<_>, _>>()
             .map_err(bad)?;
+        // Percent-decoding only (RFC 3986): a `+` in a value is a `+`.
         let mut options: Vec<(String, String)> = Vec::new();
-        for (key, value) in ::url::form_urlencoded::parse(query.as_bytes()) {
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let key = decode(key)
+                .ok_or_else(|| bad("an option name is not valid percent-encoded UTF-8".into()))?;
+            let value = decode(value).ok_or_else(|| {
+                bad(format!(
+                    "option `{key}`: the value is not valid percent-encoded UTF-8"
+                ))
+            })?;
             if options.iter().any(|(k, _)| *k == key) {
                 return Err(bad(format!("option `{key}` is given twice")));
             }
-            options.push((key.into_owned(), value.into_owned()));
+            options.push((key, value));
         }
         Ok(LockUrl {
             scheme: scheme.to_ascii_lowercase(),
@@ -193,12 +202,15 @@ fn decode(s: &str) -> Option<String> {
 
 fn parse_host(host: &str) -> Result<UrlHost, String> {
     if host.is_empty() {
-        return Err("a host is missing".into());
+        return Err(
+            "an endpoint is empty: a host is missing (expected HOST[:PORT], comma-separated)"
+                .into(),
+        );
     }
     let (name, port) = if let Some(v6) = host.strip_prefix('[') {
         let (addr, after) = v6
             .split_once(']')
-            .ok_or_else(|| format!("`{host}`: unclosed IPv6 bracket"))?;
+            .ok_or_else(|| format!("`{host}`: unclosed IPv6 bracket: needs a closing `]`"))?;
         let port = match after {
             "" => None,
             p => Some(
@@ -217,14 +229,13 @@ fn parse_host(host: &str) -> Result<UrlHost, String> {
         return Err(format!("`{host}`: the host name is empty"));
     }
     if name.contains(['/', ' ', '@']) {
-        return Err(format!("`{host}`: not a host name"));
+        return Err(format!("`{host}` is not a host name or address"));
     }
     let port = port
         .map(|p| {
-            p.parse::<u16>()
-                .ok()
-                .filter(|&p| p > 0)
-                .ok_or_else(|| format!("`{host}`: the port must be a number from 1 to 65535"))
+            p.parse::<u16>().ok().filter(|&p| p > 0).ok_or_else(|| {
+                format!("`{host}`: `{p}` is not a port number (the port must be 1 to 65535)")
+            })
         })
         .transpose()?;
     Ok(UrlHost { host: name, port })
