@@ -5,7 +5,8 @@
 //! using `new InterProcessMutex(client, "/{prefix}/{NAME}")` shares the lock.
 //! ZooKeeper refuses empty path segments, the segments `.` and `..`, and
 //! some code points (U+0001–U+001F, U+007F–U+009F, U+D800–U+F8FF,
-//! U+FFF0–U+FFFF); NUL never reaches here ([`LockName`] refuses it). So:
+//! U+FFF0–U+FFFF, and every code point above U+FFFF, which Java sees as
+//! surrogates); NUL never reaches here ([`LockName`] refuses it). So:
 //! - `%` becomes `%25` and every refused code point becomes the `%XX`
 //!   escapes of its UTF-8 bytes; a segment `.` becomes `%2E` and `..`
 //!   becomes `%2E%2E`. A name made only of such segments keeps its `/`
@@ -32,8 +33,11 @@ pub(crate) const LOCK_NAME: &str = "lock-";
 /// Curator's protected-mode marker.
 const PROTECTED: &str = "_c_";
 
+/// ZooKeeper checks paths as Java strings, in UTF-16 units: a code point
+/// above U+FFFF is a surrogate pair there, inside the refused
+/// U+D800–U+F8FF, so it is refused too.
 fn refused(c: char) -> bool {
-    matches!(c, '\u{1}'..='\u{1f}' | '\u{7f}'..='\u{9f}' | '\u{e000}'..='\u{f8ff}' | '\u{fff0}'..='\u{ffff}')
+    matches!(c, '\u{1}'..='\u{1f}' | '\u{7f}'..='\u{9f}' | '\u{e000}'..='\u{f8ff}' | '\u{fff0}'..)
 }
 
 fn escape_into(out: &mut String, s: &str, slash: bool) {
@@ -135,7 +139,7 @@ mod tests {
     fn plain_names_keep_their_slashes() {
         assert_eq!(p("job"), "job");
         assert_eq!(p("reports/nightly"), "reports/nightly");
-        assert_eq!(p("ünï/🔒"), "ünï/🔒");
+        assert_eq!(p("ünï/ключ"), "ünï/ключ");
     }
 
     #[test]
@@ -148,6 +152,7 @@ mod tests {
         assert_eq!(p("a//b"), "a%2F%2Fb");
         assert_eq!(p("a/"), "a%2F");
         assert_eq!(p("\u{e000}"), "%EE%80%80");
+        assert_eq!(p("🔒"), "%F0%9F%94%92");
         for n in [".", "a/../b", "/a", "a//b", "x\u{7f}y", "\u{fff0}", "zookeeper"] {
             for seg in p(n).split('/') {
                 validate_segment(seg).unwrap_or_else(|e| panic!("{n:?}: {e}"));

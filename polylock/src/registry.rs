@@ -47,7 +47,7 @@ const SCHEMES: &[Scheme] = &[
     scheme!("redis+cluster", "redis", connect_redis),
     scheme!("etcd", "etcd", connect_etcd),
     scheme!("etcds", "etcd", connect_etcd),
-    scheme!("zk", "zookeeper"),
+    scheme!("zk", "zk", connect_zk),
     scheme!("sqlite", "sql", connect_sql),
     scheme!("postgres", "sql", connect_sql),
     scheme!("postgresql", "sql", connect_sql),
@@ -87,6 +87,13 @@ fn connect_redis(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockErro
 #[cfg(feature = "etcd")]
 fn connect_etcd(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>> {
     Box::pin(async move { backend_etcd::connect(&url).await })
+}
+
+/// `zk://`: one ZooKeeper client (one session per TTL); see
+/// `backend_zk::ZkConfig` for the URL's options.
+#[cfg(feature = "zk")]
+fn connect_zk(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>> {
+    Box::pin(async move { backend_zk::connect(&url).await })
 }
 
 /// The schemes this build can connect to.
