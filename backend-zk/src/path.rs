@@ -123,7 +123,8 @@ pub(crate) fn is_ours(child: &str, uuid: &str) -> bool {
     child
         .strip_prefix(PROTECTED)
         .and_then(|r| r.strip_prefix(uuid))
-        .is_some_and(|r| r.starts_with('-'))
+        .and_then(|r| r.strip_prefix('-'))
+        .is_some_and(|r| r.starts_with(LOCK_NAME))
 }
 
 #[cfg(test)]
