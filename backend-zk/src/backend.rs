@@ -586,27 +586,26 @@ impl LockBackend for ZkBackend {
         let path = lease.backend_key().ok_or_else(lost)?.to_string();
         let dir = path.rsplit_once('/').map(|(d, _)| d.to_string()).unwrap_or_default();
         if let Some((s, _)) = self.held_session(lease, &path) {
-            let stat = match self.check_node(&s, lease, &path).await {
-                Ok(stat) => stat,
-                Err(e) => {
-                    if e.is_lost() {
-                        if let Some(h) = self.inner.held().remove(&path) {
-                            h.stop.cancel();
-                        }
-                    }
-                    return Err(e);
+            // The path holds a uuid of this client's own attempt, and lock
+            // nodes are never written (version 0): a node still there is
+            // this holding, so no read is needed before the delete.
+            let r = timed("delete", self.op(), s.client.delete(&path, Some(0))).await?;
+            let forget = || {
+                if let Some(h) = self.inner.held().remove(&path) {
+                    h.stop.cancel();
                 }
             };
-            let r = timed("delete", self.op(), s.client.delete(&path, Some(stat.version))).await?;
-            if let Some(h) = self.inner.held().remove(&path) {
-                h.stop.cancel();
-            }
+            // A failed request keeps the holding: the caller may retry.
             return match r {
                 Ok(()) => {
-                    self.inner.remember(path, Gone::Released);
+                    forget();
+                    self.inner.remember(path.clone(), Gone::Released);
                     Ok(())
                 }
-                Err(Error::NoNode | Error::BadVersion) => Err(lost()),
+                Err(Error::NoNode | Error::BadVersion) => {
+                    forget();
+                    Err(lost())
+                }
                 Err(e) => Err(from_zk(&format!("deleting {path}"), e)),
             };
         }
