@@ -38,7 +38,10 @@ fn main() {
 
 async fn run(server: &ZooKeeperServer, cycles: usize) {
     let url = format!("zk://{}", server.connect_string());
-    println!("ZooKeeper {} — {cycles} cycles per measurement", server.connect_string());
+    println!(
+        "ZooKeeper {} — {cycles} cycles per measurement",
+        server.connect_string()
+    );
     let raw = Client::connector()
         .with_session_timeout(Duration::from_secs(10))
         .connect(&server.connect_string())
@@ -73,8 +76,14 @@ async fn run(server: &ZooKeeperServer, cycles: usize) {
     let n = (rounds * per) as f64;
     let rate = |d: Duration| n / d.as_secs_f64();
     println!();
-    println!("uncontended acquire + release ({} cycles each, {rounds} interleaved rounds):", rounds * per);
-    println!("  raw ZooKeeper: create + get children + delete     {:>7.0} cycles/s", rate(t[0]));
+    println!(
+        "uncontended acquire + release ({} cycles each, {rounds} interleaved rounds):",
+        rounds * per
+    );
+    println!(
+        "  raw ZooKeeper: create + get children + delete     {:>7.0} cycles/s",
+        rate(t[0])
+    );
     println!(
         "  backend try_acquire + release                     {:>7.0} cycles/s  ratio {:.3}",
         rate(t[1]),
@@ -103,8 +112,13 @@ async fn raw_handoff(server: &ZooKeeperServer, n: usize) -> Duration {
     let opts = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
     let mut s = Vec::with_capacity(n);
     for _ in 0..n {
-        a.create("/bench-raw/dir/holder", b"x", &opts).await.unwrap();
-        let (_, watcher) = b.check_and_watch_stat("/bench-raw/dir/holder").await.unwrap();
+        a.create("/bench-raw/dir/holder", b"x", &opts)
+            .await
+            .unwrap();
+        let (_, watcher) = b
+            .check_and_watch_stat("/bench-raw/dir/holder")
+            .await
+            .unwrap();
         let t = Instant::now();
         a.delete("/bench-raw/dir/holder", None).await.unwrap();
         watcher.changed().await;

@@ -38,8 +38,8 @@ pub fn guarantees() -> Guarantees {
     g.fencing = FencingGuarantee::Strict;
     g.fair_fifo = true;
     g.expiry_clock = ExpiryClock::Consensus;
-    g.survives_restart = false;
-    g.survives_failover = false;
+    g.survives_restart = true;
+    g.survives_failover = true;
     g.wait = WaitMechanism::Watch;
     g.min_ttl = MIN_TTL;
     g.ttl_granularity = Duration::from_millis(1);
@@ -200,8 +200,12 @@ impl ZkBackend {
         let mut tries = 0;
         loop {
             tries += 1;
-            let r = timed("create", self.op(), s.client.create(&prefix, data.as_bytes(), &opts))
-                .await;
+            let r = timed(
+                "create",
+                self.op(),
+                s.client.create(&prefix, data.as_bytes(), &opts),
+            )
+            .await;
             match r {
                 Ok(Ok((stat, seq))) => return Ok((format!("{prefix}{seq}"), stat)),
                 Ok(Err(Error::NoNode)) if !parents_made => {
@@ -355,9 +359,10 @@ impl ZkBackend {
                             return Ok(None);
                         }
                         let pred = format!("{dir}/{pred}");
-                        let watched = timed("watch", self.op(), s.client.check_and_watch_stat(&pred))
-                            .await?
-                            .map_err(|e| from_zk(&format!("watching {pred}"), e))?;
+                        let watched =
+                            timed("watch", self.op(), s.client.check_and_watch_stat(&pred))
+                                .await?
+                                .map_err(|e| from_zk(&format!("watching {pred}"), e))?;
                         let (Some(_), watcher) = watched else {
                             continue;
                         };
@@ -509,7 +514,8 @@ impl Drop for NodeGuard {
         // node goes with its session.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(5), client.delete(&path, None)).await;
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(5), client.delete(&path, None)).await;
             });
         }
     }
@@ -584,7 +590,10 @@ impl LockBackend for ZkBackend {
             name: lease.name().to_string(),
         };
         let path = lease.backend_key().ok_or_else(lost)?.to_string();
-        let dir = path.rsplit_once('/').map(|(d, _)| d.to_string()).unwrap_or_default();
+        let dir = path
+            .rsplit_once('/')
+            .map(|(d, _)| d.to_string())
+            .unwrap_or_default();
         if let Some((s, _)) = self.held_session(lease, &path) {
             // The path holds a uuid of this client's own attempt, and lock
             // nodes are never written (version 0): a node still there is

@@ -147,7 +147,9 @@ impl ZkConfig {
                     }
                     prefix = p.to_string();
                 }
-                "session_timeout" => session_timeout = Some(positive_duration(&value).map_err(opt)?),
+                "session_timeout" => {
+                    session_timeout = Some(positive_duration(&value).map_err(opt)?)
+                }
                 "op_timeout" => op_timeout = positive_duration(&value).map_err(opt)?,
                 other => {
                     return Err(bad(format!(

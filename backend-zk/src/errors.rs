@@ -42,9 +42,9 @@ pub(crate) async fn timed<T, E>(
     limit: Duration,
     fut: impl Future<Output = Result<T, E>>,
 ) -> Result<Result<T, E>, LockError> {
-    tokio::time::timeout(limit, fut).await.map_err(|_| {
-        LockError::transient(BACKEND, format!("{what}: no answer within {limit:?}"))
-    })
+    tokio::time::timeout(limit, fut)
+        .await
+        .map_err(|_| LockError::transient(BACKEND, format!("{what}: no answer within {limit:?}")))
 }
 
 #[cfg(test)]

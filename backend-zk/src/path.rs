@@ -154,7 +154,15 @@ mod tests {
         assert_eq!(p("a/"), "a%2F");
         assert_eq!(p("\u{e000}"), "%EE%80%80");
         assert_eq!(p("🔒"), "%F0%9F%94%92");
-        for n in [".", "a/../b", "/a", "a//b", "x\u{7f}y", "\u{fff0}", "zookeeper"] {
+        for n in [
+            ".",
+            "a/../b",
+            "/a",
+            "a//b",
+            "x\u{7f}y",
+            "\u{fff0}",
+            "zookeeper",
+        ] {
             for seg in p(n).split('/') {
                 validate_segment(seg).unwrap_or_else(|e| panic!("{n:?}: {e}"));
             }

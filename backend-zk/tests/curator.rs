@@ -77,7 +77,12 @@ struct Curator {
 impl Curator {
     async fn start(path: &str) -> Curator {
         let mut child = Command::new("java")
-            .args(["-Xmx64m", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData", "-cp"])
+            .args([
+                "-Xmx64m",
+                "-XX:TieredStopAtLevel=1",
+                "-XX:-UsePerfData",
+                "-cp",
+            ])
             .arg(classpath(compiled()))
             .arg("CuratorLock")
             .arg(common::server().connect_string())
@@ -144,7 +149,10 @@ async fn contenders(dir: &str, n: usize) {
         if got == n {
             return;
         }
-        assert!(Instant::now() < give_up, "{dir} has {got} contenders, not {n}");
+        assert!(
+            Instant::now() < give_up,
+            "{dir} has {got} contenders, not {n}"
+        );
         sleep(Duration::from_millis(20)).await;
     }
 }
@@ -163,7 +171,11 @@ async fn polylock_waits_while_curator_holds() {
     java.send("acquire").await;
     java.expect("ACQUIRED", Duration::from_secs(20)).await;
 
-    let info = backend.inspect(&name).await.expect("inspect").expect("held");
+    let info = backend
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .expect("held");
     assert!(info.fence.is_some(), "a Curator holder has a czxid too");
     let locker = Locker::from_arc(backend.clone() as Arc<dyn LockBackend>);
     let waiter = tokio::spawn({

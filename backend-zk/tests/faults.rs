@@ -76,7 +76,10 @@ async fn session_expiry_while_holding() {
         .await
         .expect("the other client never got the lock")
         .expect("task");
-    assert!(got_at >= lost_at, "the other client got in before the holder was told");
+    assert!(
+        got_at >= lost_at,
+        "the other client got in before the holder was told"
+    );
     assert!(
         got_at >= promised,
         "the lock was free {:?} before the holder's local deadline",
@@ -88,12 +91,18 @@ async fn session_expiry_while_holding() {
         .expect("the next holder writes");
 
     proxy.set_mode(Mode::Pass);
-    let revoked = lease.revocation().expect("leases carry the session's signal").clone();
+    let revoked = lease
+        .revocation()
+        .expect("leases carry the session's signal")
+        .clone();
     timeout(Duration::from_secs(20), revoked.cancelled())
         .await
         .expect("the expired session did not revoke its lease");
     let r = fenced_set_data(&holder, &lease, &data, b"stale").await;
-    assert!(r.as_ref().is_err_and(|e| e.is_lost()), "stale fenced write: {r:?}");
+    assert!(
+        r.as_ref().is_err_and(|e| e.is_lost()),
+        "stale fenced write: {r:?}"
+    );
     let next_fence = next.fence();
     next.release().await.expect("release");
     let again = locker(&holder)
@@ -178,8 +187,15 @@ async fn holder_keeps_the_lock_when_a_member_or_the_leader_dies() {
         .expect("a follower");
     follower.kill().expect("kill a follower");
     sleep(Duration::from_secs(3)).await;
-    assert!(guard.is_held(), "the holder lost its lock when a follower died");
-    let r = locker(&other).lock(name.as_str()).ttl(ttl).try_acquire().await;
+    assert!(
+        guard.is_held(),
+        "the holder lost its lock when a follower died"
+    );
+    let r = locker(&other)
+        .lock(name.as_str())
+        .ttl(ttl)
+        .try_acquire()
+        .await;
     assert!(
         matches!(r, Ok(None)) || r.as_ref().is_err_and(|e| e.is_retryable()),
         "the lock was free with a follower down: {r:?}"
@@ -195,13 +211,23 @@ async fn holder_keeps_the_lock_when_a_member_or_the_leader_dies() {
     }
     // Some renewals after the new leader took over.
     sleep(ttl / 2).await;
-    assert!(guard.is_held(), "the holder lost its lock when the leader died");
+    assert!(
+        guard.is_held(),
+        "the holder lost its lock when the leader died"
+    );
     let info = other
         .inspect(&name)
         .await
         .expect("inspect")
         .expect("still held");
-    assert_eq!(info.fence, Some(fence), "another holder after the leader change");
-    guard.release().await.expect("release after the leader change");
+    assert_eq!(
+        info.fence,
+        Some(fence),
+        "another holder after the leader change"
+    );
+    guard
+        .release()
+        .await
+        .expect("release after the leader change");
     tokio::task::block_in_place(|| leader.restart()).expect("restart the old leader");
 }

@@ -11,8 +11,21 @@ async fn names_zookeeper_refuses_are_escaped_and_distinct() {
     let c = common::client().await;
     let run: u32 = rand::random();
     let names = [
-        "plain", "a/b", "a//b", "/lead", "trail/", ".", "..", "x/./y", "100%", "tab\there",
-        "del\u{7f}", "🔒", "ключ🔒", "\u{e000}", "\u{fff0}",
+        "plain",
+        "a/b",
+        "a//b",
+        "/lead",
+        "trail/",
+        ".",
+        "..",
+        "x/./y",
+        "100%",
+        "tab\there",
+        "del\u{7f}",
+        "🔒",
+        "ключ🔒",
+        "\u{e000}",
+        "\u{fff0}",
     ];
     let mut held = Vec::new();
     for n in names {
@@ -36,6 +49,8 @@ async fn names_zookeeper_refuses_are_escaped_and_distinct() {
         assert!(path.starts_with("/polylock/names-"), "{path}");
     }
     for lease in &held {
-        lock_core::LockBackend::release(&c, lease).await.expect("release");
+        lock_core::LockBackend::release(&c, lease)
+            .await
+            .expect("release");
     }
 }

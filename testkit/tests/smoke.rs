@@ -523,10 +523,7 @@ fn zookeeper_ensemble_lifecycle() {
             .collect::<Vec<_>>()
             .join(",")
     );
-    let modes: Vec<String> = members
-        .iter()
-        .map(|m| m.mode().expect("mode"))
-        .collect();
+    let modes: Vec<String> = members.iter().map(|m| m.mode().expect("mode")).collect();
     assert_eq!(
         modes.iter().filter(|m| *m == "leader").count(),
         1,

@@ -37,6 +37,16 @@ impl Fixture for ZkFixture {
         Ok(Arc::new(ZkBackend::connect(&self.url).await?))
     }
 
+    async fn restart_server(&self) -> Result<bool, String> {
+        tokio::task::block_in_place(|| match &self.keep {
+            Keep::Single(server) => server.restart(),
+            // One member at a time, so the ensemble keeps its quorum.
+            Keep::Ensemble(ensemble) => ensemble.members().iter().try_for_each(|m| m.restart()),
+        })
+        .map_err(|e| e.to_string())?;
+        Ok(true)
+    }
+
     async fn client_with_reply_delay(
         &self,
         delay: Duration,
