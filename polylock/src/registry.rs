@@ -192,4 +192,16 @@ mod tests {
             "schemes are case-insensitive"
         );
     }
+
+    #[cfg(feature = "zk")]
+    #[tokio::test]
+    async fn zk_urls_reach_the_zookeeper_backend() {
+        // Connecting opens no session, so no server is needed.
+        let b = connect_backend("zk://127.0.0.1:1/app?prefix=locks")
+            .await
+            .expect("zk:// connects");
+        assert_eq!(b.guarantees().backend, "zookeeper");
+        let err = connect_backend("zk://127.0.0.1:1?colour=blue").await.unwrap_err();
+        assert!(matches!(err, LockError::Config(_)), "{err:?}");
+    }
 }
