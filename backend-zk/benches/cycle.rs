@@ -95,14 +95,52 @@ async fn run(server: &ZooKeeperServer, cycles: usize) {
         rate(t[2]) / rate(t[0])
     );
 
-    let rtt = round_trip(&raw, 500).await;
+    let rtt = round_trip(&raw, 200).await;
     println!();
-    println!("one server round trip (exists), p50 of 500: {rtt:?}");
+    println!("one server round trip (exists after 20 ms idle), p50 of 200: {rtt:?}");
     let floor = raw_handoff(server, 200).await;
     println!(
-        "raw hand-off floor (delete by one session -> watch event at another -> its get children), p50 of 200: {floor:?}"
+        "raw hand-off floor (delete by one session -> watch event at another -> its get children, after 20 ms idle), p50 of 200: {floor:?}"
     );
+    backend_handoff(&url, 200, rtt).await;
     handoff(&url, 200, rtt).await;
+}
+
+/// Hand-off through the backend alone (no Locker, no watchdog).
+async fn backend_handoff(url: &str, rounds: usize, rtt: Duration) {
+    let clients = [
+        std::sync::Arc::new(ZkBackend::connect(url).await.unwrap()),
+        std::sync::Arc::new(ZkBackend::connect(url).await.unwrap()),
+    ];
+    let name = LockName::new("bench-handoff-raw").unwrap();
+    let req = |wait| {
+        AcquireRequest::new(name.clone(), OwnerToken::random(), Duration::from_secs(10), wait)
+            .unwrap()
+    };
+    let mut holder = (0, clients[0].acquire(&req(Duration::ZERO)).await.unwrap().unwrap());
+    let mut samples = Vec::with_capacity(rounds);
+    for i in 0..rounds {
+        let next = (i + 1) % 2;
+        let c = clients[next].clone();
+        let r = req(Duration::from_secs(30));
+        let waiter = tokio::spawn(async move {
+            let l = c.acquire(&r).await.unwrap().expect("waiter acquires");
+            (Instant::now(), l)
+        });
+        sleep(Duration::from_millis(20)).await;
+        let released = Instant::now();
+        clients[holder.0].release(&holder.1).await.unwrap();
+        let (got, lease) = waiter.await.unwrap();
+        samples.push(got - released);
+        holder = (next, lease);
+    }
+    clients[holder.0].release(&holder.1).await.unwrap();
+    samples.sort();
+    let p50 = samples[samples.len() / 2];
+    println!(
+        "backend hand-off (no Locker), p50 of {rounds}: {p50:?} ({:.1} round trips)",
+        p50.as_secs_f64() / rtt.as_secs_f64()
+    );
 }
 
 /// What a hand-off minimally costs in ZooKeeper requests, with raw clients.
@@ -175,6 +213,8 @@ async fn guard_cycles(l: &Locker, n: usize) {
 async fn round_trip(c: &Client, n: usize) -> Duration {
     let mut s = Vec::with_capacity(n);
     for _ in 0..n {
+        // The same idle as before each hand-off.
+        sleep(Duration::from_millis(20)).await;
         let t = Instant::now();
         c.check_stat("/bench-raw").await.expect("exists");
         s.push(t.elapsed());

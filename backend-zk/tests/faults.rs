@@ -45,6 +45,10 @@ async fn session_expiry_while_holding() {
     fenced_set_data(&holder, &lease, &data, b"holder")
         .await
         .expect("the holder writes while it holds");
+    // A second lease of the same session, held without a guard.
+    let second = common::try_take(&holder, &common::unique("expiry-second"), ttl)
+        .await
+        .expect("a second lock");
     let waiter = tokio::spawn({
         let other = other.clone();
         let name = name.clone();
@@ -98,6 +102,12 @@ async fn session_expiry_while_holding() {
     timeout(Duration::from_secs(20), revoked.cancelled())
         .await
         .expect("the expired session did not revoke its lease");
+    assert!(
+        second.is_revoked(),
+        "every lease of the expired session is revoked, not only the guard's"
+    );
+    let r = holder.renew(&second).await;
+    assert!(r.as_ref().is_err_and(|e| e.is_lost()), "renew after expiry: {r:?}");
     let r = fenced_set_data(&holder, &lease, &data, b"stale").await;
     assert!(
         r.as_ref().is_err_and(|e| e.is_lost()),
