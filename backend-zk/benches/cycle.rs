@@ -114,10 +114,22 @@ async fn backend_handoff(url: &str, rounds: usize, rtt: Duration) {
     ];
     let name = LockName::new("bench-handoff-raw").unwrap();
     let req = |wait| {
-        AcquireRequest::new(name.clone(), OwnerToken::random(), Duration::from_secs(10), wait)
-            .unwrap()
+        AcquireRequest::new(
+            name.clone(),
+            OwnerToken::random(),
+            Duration::from_secs(10),
+            wait,
+        )
+        .unwrap()
     };
-    let mut holder = (0, clients[0].acquire(&req(Duration::ZERO)).await.unwrap().unwrap());
+    let mut holder = (
+        0,
+        clients[0]
+            .acquire(&req(Duration::ZERO))
+            .await
+            .unwrap()
+            .unwrap(),
+    );
     let mut samples = Vec::with_capacity(rounds);
     for i in 0..rounds {
         let next = (i + 1) % 2;

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client::{Acls, CreateMode, Error, Stat};
 
 use crate::config::ZkConfig;
-use crate::errors::{from_zk, timed, BACKEND};
+use crate::errors::{from_zk, outcome_unknown, timed, BACKEND};
 use crate::path::{is_ours, name_path, node_prefix, queue};
 use crate::session::{Session, Sessions};
 
@@ -215,10 +215,10 @@ impl ZkBackend {
                         .await?
                         .map_err(|e| from_zk(&format!("creating {dir}"), e))?;
                 }
-                Ok(Err(e @ (Error::ConnectionLoss | Error::Timeout))) => {
+                Ok(Err(e)) if outcome_unknown(&e) => {
                     // The create may or may not have been applied: the
-                    // uuid tells.
-                    if let Some(found) = self.find_ours(s, dir, &uuid).await? {
+                    // uuid tells, once the session is reachable again.
+                    if let Some(found) = self.recover(s, dir, &uuid).await? {
                         return Ok(found);
                     }
                     if tries >= 3 {
@@ -232,6 +232,27 @@ impl ZkBackend {
                     self.clean_up_later(s, dir, uuid);
                     return Err(timeout);
                 }
+            }
+        }
+    }
+
+    /// [`find_ours`](Self::find_ours), retried while the connection is
+    /// being re-established (up to `op_timeout`).
+    async fn recover(
+        &self,
+        s: &Session,
+        dir: &str,
+        uuid: &str,
+    ) -> Result<Option<(String, Stat)>, LockError> {
+        let give_up = Instant::now() + self.op();
+        loop {
+            match self.find_ours(s, dir, uuid).await {
+                Err(e)
+                    if e.is_retryable() && Instant::now() < give_up && !s.ended.is_cancelled() =>
+                {
+                    sleep(Duration::from_millis(50)).await;
+                }
+                other => return other,
             }
         }
     }

@@ -22,6 +22,17 @@ pub(crate) fn retryable(e: &Error) -> bool {
             | Error::NoHosts
             | Error::ClientClosed
             | Error::NotReadOnly
+            // The driver reports socket errors (a reset connection) this way.
+            | Error::Custom(_)
+    )
+}
+
+/// Whether a write that failed this way may still have been applied: the
+/// request left, and the connection broke before its reply came back.
+pub(crate) fn outcome_unknown(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::ConnectionLoss | Error::Timeout | Error::Custom(_) | Error::UnexpectedError(_)
     )
 }
 
@@ -57,6 +68,8 @@ mod tests {
         assert!(from_zk("create", Error::SessionExpired).is_retryable());
         assert!(!from_zk("create", Error::NoAuth).is_retryable());
         assert!(!from_zk("create", Error::InvalidAcl).is_retryable());
+        assert!(outcome_unknown(&Error::ConnectionLoss));
+        assert!(!outcome_unknown(&Error::NodeExists));
         let m = from_zk("create /x", Error::NoAuth).to_string();
         assert!(m.contains("zookeeper") && m.contains("create /x"), "{m}");
     }

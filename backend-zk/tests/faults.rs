@@ -107,7 +107,10 @@ async fn session_expiry_while_holding() {
         "every lease of the expired session is revoked, not only the guard's"
     );
     let r = holder.renew(&second).await;
-    assert!(r.as_ref().is_err_and(|e| e.is_lost()), "renew after expiry: {r:?}");
+    assert!(
+        r.as_ref().is_err_and(|e| e.is_lost()),
+        "renew after expiry: {r:?}"
+    );
     let r = fenced_set_data(&holder, &lease, &data, b"stale").await;
     assert!(
         r.as_ref().is_err_and(|e| e.is_lost()),

@@ -201,7 +201,9 @@ mod tests {
             .await
             .expect("zk:// connects");
         assert_eq!(b.guarantees().backend, "zookeeper");
-        let err = connect_backend("zk://127.0.0.1:1?colour=blue").await.unwrap_err();
+        let err = connect_backend("zk://127.0.0.1:1?colour=blue")
+            .await
+            .unwrap_err();
         assert!(matches!(err, LockError::Config(_)), "{err:?}");
     }
 }
