@@ -29,7 +29,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::options::positive_duration;
+use lock_core::options::{host_port, positive_duration};
 use lock_core::{redact_url, LockError};
 use percent_encoding::percent_decode_str;
 
@@ -107,7 +107,7 @@ impl ZkConfig {
         }
         let servers = hosts
             .split(',')
-            .map(parse_server)
+            .map(|h| host_port(h, DEFAULT_PORT))
             .collect::<Result<Vec<_>, _>>()
             .map_err(bad)?;
         let chroot = chroot.trim_end_matches('/');
@@ -207,44 +207,6 @@ fn decode(s: &str) -> Result<String, String> {
         .map_err(|_| "is not valid UTF-8 once percent-decoded".into())
 }
 
-fn parse_server(s: &str) -> Result<String, String> {
-    if s.is_empty() {
-        return Err("a server is empty".into());
-    }
-    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
-        let end = rest
-            .find(']')
-            .ok_or_else(|| format!("`{s}`: an IPv6 address needs its closing `]`"))?;
-        let after = &rest[end + 1..];
-        let port = match after.strip_prefix(':') {
-            Some(p) => Some(p),
-            None if after.is_empty() => None,
-            None => return Err(format!("`{s}` is not a host")),
-        };
-        (format!("[{}]", &rest[..end]), port)
-    } else {
-        match s.rsplit_once(':') {
-            Some((h, p)) => (h.to_string(), Some(p)),
-            None => (s.to_string(), None),
-        }
-    };
-    if host.is_empty()
-        || !host
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '[' | ']' | ':'))
-    {
-        return Err(format!("`{s}` is not a host"));
-    }
-    let port = match port {
-        None => DEFAULT_PORT,
-        Some(p) => match p.parse::<u16>() {
-            Ok(n) if n > 0 => n,
-            _ => return Err(format!("`{p}` is not a port")),
-        },
-    };
-    Ok(format!("{host}:{port}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,6 +246,7 @@ mod tests {
         assert!(err("zk://h#x").contains("fragment"));
         assert!(err("zk://[::1").contains("closing"));
         assert!(err("zk://h o").contains("not a host"));
+        assert!(err("zk://h:1:2").contains("not a port"));
         assert!(err("zk://h//a").contains("chroot"));
         assert!(err("zk://h/a/../b").contains("chroot"));
         assert!(err("zk://h?prefix=").contains("empty"));
