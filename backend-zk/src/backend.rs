@@ -28,6 +28,11 @@ pub const MIN_TTL: Duration = Duration::from_secs(1);
 /// case a watch event was missed.
 const RECHECK: Duration = Duration::from_secs(2);
 
+/// The session timeout asked for by requests that hold no lock: the
+/// longest a default-configured server grants (20 ticks of 2 s is 40 s;
+/// the test kit's servers give 10 s).
+const ADMIN_SESSION: Duration = Duration::from_secs(30);
+
 /// How many released node paths a client remembers, to answer a repeated
 /// release with `Ok`.
 const REMEMBERED: usize = 4096;
@@ -174,10 +179,39 @@ impl ZkBackend {
         self.inner.sessions.get(c, timeout).await
     }
 
+    /// The session for requests that hold nothing (inspect, force release,
+    /// fenced writes): a long timeout, so a loaded machine does not make
+    /// reads fail on a short lock session's reconnects.
     pub(crate) async fn any_session(&self) -> Result<Arc<Session>, LockError> {
         let c = &self.inner.config;
-        let timeout = c.session_timeout.unwrap_or(Duration::from_secs(10));
-        self.inner.sessions.any(c, timeout).await
+        let timeout = c.session_timeout.unwrap_or(ADMIN_SESSION);
+        self.inner.sessions.get(c, timeout).await
+    }
+
+    async fn inspect_once(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
+        let s = self.any_session().await?;
+        let dir = self.lock_path(name);
+        loop {
+            let children = match timed("list", self.op(), s.client.list_children(&dir)).await? {
+                Ok(c) => c,
+                Err(Error::NoNode) => return Ok(None),
+                Err(e) => return Err(from_zk(&format!("listing {dir}"), e)),
+            };
+            let Some((_, first)) = queue(children).into_iter().next() else {
+                return Ok(None);
+            };
+            let path = format!("{dir}/{first}");
+            match timed("get", self.op(), s.client.get_data(&path)).await? {
+                Ok((data, stat)) => {
+                    let fence = u64::try_from(stat.czxid).ok().and_then(FencingToken::new);
+                    let owner = String::from_utf8_lossy(&data).into_owned();
+                    return Ok(Some(HolderInfo::new(owner, fence, None)));
+                }
+                // Released between the two reads: look again.
+                Err(Error::NoNode) => continue,
+                Err(e) => return Err(from_zk(&format!("reading {path}"), e)),
+            }
+        }
     }
 
     fn op(&self) -> Duration {
@@ -657,27 +691,14 @@ impl LockBackend for ZkBackend {
     /// # Cancel safety
     /// Cancel safe: read only.
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
-        let s = self.any_session().await?;
-        let dir = self.lock_path(name);
+        // A read: retried while the connection is being re-established.
+        let give_up = Instant::now() + self.op();
         loop {
-            let children = match timed("list", self.op(), s.client.list_children(&dir)).await? {
-                Ok(c) => c,
-                Err(Error::NoNode) => return Ok(None),
-                Err(e) => return Err(from_zk(&format!("listing {dir}"), e)),
-            };
-            let Some((_, first)) = queue(children).into_iter().next() else {
-                return Ok(None);
-            };
-            let path = format!("{dir}/{first}");
-            match timed("get", self.op(), s.client.get_data(&path)).await? {
-                Ok((data, stat)) => {
-                    let fence = u64::try_from(stat.czxid).ok().and_then(FencingToken::new);
-                    let owner = String::from_utf8_lossy(&data).into_owned();
-                    return Ok(Some(HolderInfo::new(owner, fence, None)));
+            match self.inspect_once(name).await {
+                Err(e) if e.is_retryable() && Instant::now() < give_up => {
+                    sleep(Duration::from_millis(50)).await;
                 }
-                // Released between the two reads: look again.
-                Err(Error::NoNode) => continue,
-                Err(e) => return Err(from_zk(&format!("reading {path}"), e)),
+                other => return other,
             }
         }
     }

@@ -105,23 +105,6 @@ impl Sessions {
             None => None,
         }
     }
-
-    /// Any live session, for requests that need no particular one
-    /// (inspect, force release); connects one of `fallback` if none.
-    pub(crate) async fn any(
-        &self,
-        config: &ZkConfig,
-        fallback: Duration,
-    ) -> Result<Arc<Session>, LockError> {
-        let found = {
-            let map = self.by_timeout.lock().unwrap_or_else(|p| p.into_inner());
-            map.values().find(|s| s.is_live()).cloned()
-        };
-        match found {
-            Some(s) => Ok(s),
-            None => self.get(config, fallback).await,
-        }
-    }
 }
 
 /// Cancels `session.ended` when the session reaches a terminal state.
