@@ -169,7 +169,7 @@ async fn polylock_waits_while_curator_holds() {
     let (backend, name, path) = setup("curator-holds").await;
     let mut java = Curator::start(&path).await;
     java.send("acquire").await;
-    java.expect("ACQUIRED", Duration::from_secs(20)).await;
+    java.expect("ACQUIRED", Duration::from_secs(30)).await;
 
     let info = backend
         .inspect(&name)
@@ -191,7 +191,7 @@ async fn polylock_waits_while_curator_holds() {
     sleep(Duration::from_millis(800)).await;
     assert!(!waiter.is_finished(), "polylock got a lock Curator holds");
     java.send("release").await;
-    java.expect("RELEASED", Duration::from_secs(10)).await;
+    java.expect("RELEASED", Duration::from_secs(30)).await;
     let guard = timeout(Duration::from_secs(10), waiter)
         .await
         .expect("polylock did not get the lock after Curator released")
@@ -211,9 +211,9 @@ async fn curator_waits_while_polylock_holds() {
     contenders(&path, 2).await;
     java.silent_for(Duration::from_millis(800)).await;
     guard.release().await.expect("release");
-    java.expect("ACQUIRED", Duration::from_secs(10)).await;
+    java.expect("ACQUIRED", Duration::from_secs(30)).await;
     java.send("release").await;
-    java.expect("RELEASED", Duration::from_secs(10)).await;
+    java.expect("RELEASED", Duration::from_secs(30)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -243,12 +243,12 @@ async fn a_mixed_queue_is_served_in_order() {
 
     // polylock -> Curator 1 -> polylock 2 -> Curator 2.
     first.release().await.expect("release");
-    j1.expect("ACQUIRED", Duration::from_secs(10)).await;
+    j1.expect("ACQUIRED", Duration::from_secs(30)).await;
     sleep(Duration::from_millis(300)).await;
     assert!(!p2.is_finished(), "polylock 2 jumped ahead of Curator 1");
     j2.silent_for(Duration::from_millis(100)).await;
     j1.send("release").await;
-    j1.expect("RELEASED", Duration::from_secs(10)).await;
+    j1.expect("RELEASED", Duration::from_secs(30)).await;
     let g2 = timeout(Duration::from_secs(10), p2)
         .await
         .expect("polylock 2 was not served after Curator 1")
@@ -256,7 +256,7 @@ async fn a_mixed_queue_is_served_in_order() {
         .expect("acquire");
     j2.silent_for(Duration::from_millis(500)).await;
     g2.release().await.expect("release");
-    j2.expect("ACQUIRED", Duration::from_secs(10)).await;
+    j2.expect("ACQUIRED", Duration::from_secs(30)).await;
     j2.send("release").await;
-    j2.expect("RELEASED", Duration::from_secs(10)).await;
+    j2.expect("RELEASED", Duration::from_secs(30)).await;
 }

@@ -9,6 +9,7 @@
 
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
+import java.util.concurrent.Semaphore;
 
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
@@ -26,6 +27,9 @@ public class CuratorLock {
         client.start();
         client.blockUntilConnected();
         InterProcessMutex mutex = new InterProcessMutex(client, args[1]);
+        // A permit per "release" command: one sent before the worker waits
+        // is not lost (as a notify would be).
+        Semaphore releases = new Semaphore(0);
         say("READY");
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
         String line;
@@ -38,9 +42,7 @@ public class CuratorLock {
                         try {
                             mutex.acquire();
                             say("ACQUIRED");
-                            synchronized (mutex) {
-                                mutex.wait();
-                            }
+                            releases.acquire();
                             mutex.release();
                             say("RELEASED");
                         } catch (Exception e) {
@@ -49,9 +51,7 @@ public class CuratorLock {
                     }).start();
                     break;
                 case "release":
-                    synchronized (mutex) {
-                        mutex.notifyAll();
-                    }
+                    releases.release();
                     break;
                 case "quit":
                     client.close();
