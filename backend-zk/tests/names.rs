@@ -54,3 +54,41 @@ async fn names_zookeeper_refuses_are_escaped_and_distinct() {
             .expect("release");
     }
 }
+
+/// Dropping a client closes its sessions, which frees its locks at once
+/// (not at the session timeout); the lock's parent nodes stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_client_frees_its_locks_and_keeps_the_parents() {
+    let name = common::unique("dropped");
+    let ttl = Duration::from_secs(10);
+    let holder = common::client().await;
+    let dir = holder.lock_path(&name);
+    let lease = common::try_take(&holder, &name, ttl)
+        .await
+        .expect("acquire");
+    drop(lease);
+    drop(holder);
+    let other = common::client().await;
+    let started = tokio::time::Instant::now();
+    let taken = loop {
+        if let Some(l) = common::try_take(&other, &name, ttl).await {
+            break l;
+        }
+        assert!(
+            started.elapsed() < ttl / 2,
+            "the dropped client's lock was still held after {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    lock_core::LockBackend::release(&other, &taken)
+        .await
+        .expect("release");
+    let raw = zookeeper_client::Client::connect(&common::server().connect_string())
+        .await
+        .expect("raw client");
+    assert!(
+        raw.check_stat(&dir).await.expect("stat").is_some(),
+        "{dir} was deleted"
+    );
+}
