@@ -31,6 +31,8 @@ pub fn declared_guarantees() -> Vec<Guarantees> {
     all.push(backend_redis::redlock_guarantees());
     #[cfg(feature = "etcd")]
     all.push(backend_etcd::guarantees());
+    #[cfg(feature = "zk")]
+    all.push(backend_zk::guarantees());
     all
 }
 

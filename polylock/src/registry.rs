@@ -48,7 +48,7 @@ const SCHEMES: &[Scheme] = &[
     scheme!("redlock", "redis", connect_redlock),
     scheme!("etcd", "etcd", connect_etcd),
     scheme!("etcds", "etcd", connect_etcd),
-    scheme!("zk", "zookeeper"),
+    scheme!("zk", "zk", connect_zk),
     scheme!("sqlite", "sql", connect_sql),
     scheme!("postgres", "sql", connect_sql),
     scheme!("postgresql", "sql", connect_sql),
@@ -98,6 +98,13 @@ fn connect_redlock(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockEr
 #[cfg(feature = "etcd")]
 fn connect_etcd(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>> {
     Box::pin(async move { backend_etcd::connect(&url).await })
+}
+
+/// `zk://`: one ZooKeeper client (one session per TTL); see
+/// `backend_zk::ZkConfig` for the URL's options.
+#[cfg(feature = "zk")]
+fn connect_zk(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>> {
+    Box::pin(async move { backend_zk::connect(&url).await })
 }
 
 /// The schemes this build can connect to.
@@ -209,5 +216,19 @@ mod tests {
             panic!("{err:?}")
         };
         assert!(m.contains("at least 3 independent nodes"), "{m}");
+    }
+
+    #[cfg(feature = "zk")]
+    #[tokio::test]
+    async fn zk_urls_reach_the_zookeeper_backend() {
+        // Connecting opens no session, so no server is needed.
+        let b = connect_backend("zk://127.0.0.1:1/app?prefix=locks")
+            .await
+            .expect("zk:// connects");
+        assert_eq!(b.guarantees().backend, "zookeeper");
+        let err = connect_backend("zk://127.0.0.1:1?colour=blue")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LockError::Config(_)), "{err:?}");
     }
 }

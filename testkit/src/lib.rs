@@ -39,7 +39,7 @@ pub use process::{run_with_timeout, ServerProcess};
 pub use proxy::{Mode, Proxy};
 pub use redis::RedisServer;
 pub use redis_cluster::RedisCluster;
-pub use zookeeper::ZooKeeperServer;
+pub use zookeeper::{ZooKeeperEnsemble, ZooKeeperMember, ZooKeeperServer};
 
 #[cfg(test)]
 mod send_sync {
@@ -55,6 +55,8 @@ mod send_sync {
         assert_send_sync::<EtcdMember>();
         assert_send_sync::<EtcdCluster>();
         assert_send_sync::<ZooKeeperServer>();
+        assert_send_sync::<ZooKeeperMember>();
+        assert_send_sync::<ZooKeeperEnsemble>();
         assert_send_sync::<PostgresServer>();
         assert_send_sync::<MariaDbServer>();
         assert_send_sync::<ServerProcess>();

@@ -1,4 +1,4 @@
-//! A real ZooKeeper server (standalone), run directly on the JVM.
+//! Real ZooKeeper servers (standalone, or an ensemble), run directly on the JVM.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -41,51 +41,9 @@ server_controls!(ZooKeeperServer, process);
 impl ZooKeeperServer {
     /// Starts the server and waits until `srvr` reports a mode.
     pub fn start() -> Result<ZooKeeperServer> {
-        let java = find_java()?;
-        let zk_jar = require_file(Path::new(ZOOKEEPER_JAR), "zookeeper")?;
-        let slf4j = require_file(Path::new(SLF4J_SIMPLE_JAR), "libslf4j-java")?;
-
-        let dir = tempfile::Builder::new()
-            .prefix("testkit-zookeeper-")
-            .tempdir()
-            .map_err(|e| Error::io("creating a temp dir for ZooKeeper", e))?;
         let port = try_free_port()?;
-        let config = dir.path().join("zoo.cfg");
-        let data_dir = dir.path().join("data");
-        // forceSync=no: no fsync per write. A SIGKILL does not lose data that
-        // reached the page cache, and tests never crash the machine.
-        let text = format!(
-            "tickTime={TICK_TIME_MS}\n\
-             initLimit=10\n\
-             syncLimit=5\n\
-             dataDir={}\n\
-             clientPort={port}\n\
-             clientPortAddress=127.0.0.1\n\
-             maxClientCnxns=0\n\
-             admin.enableServer=false\n\
-             4lw.commands.whitelist=srvr,stat,ruok,mntr,conf,cons,envi,wchs,dump,isro\n\
-             forceSync=no\n",
-            data_dir.display()
-        );
-        std::fs::write(&config, text)
-            .map_err(|e| Error::io(format!("writing {}", config.display()), e))?;
-
-        let classpath = format!("{}:{}", zk_jar.display(), slf4j.display());
-        // Small heap and C1 only: start-up time matters, throughput does not.
-        // -XX:-UsePerfData keeps the JVM from leaving files in /tmp.
-        let spec = CommandSpec::new(java)
-            .args([
-                "-Xmx128m",
-                "-XX:+UseSerialGC",
-                "-XX:TieredStopAtLevel=1",
-                "-XX:-UsePerfData",
-                "-Djava.awt.headless=true",
-                "-cp",
-                &classpath,
-                "org.apache.zookeeper.server.ZooKeeperServerMain",
-            ])
-            .arg(&config)
-            .cwd(dir.path());
+        let dir = temp_dir()?;
+        let spec = server_spec(dir.path(), port, None, STANDALONE_MAIN)?;
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         let process = ServerProcess::start(
             format!("ZooKeeper on {addr}"),
@@ -117,6 +75,187 @@ impl ZooKeeperServer {
     /// The client connect string, `127.0.0.1:port`.
     pub fn connect_string(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+}
+
+/// The main class of a standalone server.
+const STANDALONE_MAIN: &str = "org.apache.zookeeper.server.ZooKeeperServerMain";
+/// The main class of an ensemble member.
+const QUORUM_MAIN: &str = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
+
+fn temp_dir() -> Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix("testkit-zookeeper-")
+        .tempdir()
+        .map_err(|e| Error::io("creating a temp dir for ZooKeeper", e))
+}
+
+/// Writes `zoo.cfg` (and `myid` for an ensemble member) into `dir` and
+/// returns the JVM command line. `quorum`: this member's id and the
+/// `server.N=` lines of the whole ensemble.
+fn server_spec(
+    dir: &Path,
+    port: u16,
+    quorum: Option<(usize, &str)>,
+    main: &str,
+) -> Result<CommandSpec> {
+    let java = find_java()?;
+    let zk_jar = require_file(Path::new(ZOOKEEPER_JAR), "zookeeper")?;
+    let slf4j = require_file(Path::new(SLF4J_SIMPLE_JAR), "libslf4j-java")?;
+    let config = dir.join("zoo.cfg");
+    let data_dir = dir.join("data");
+    // forceSync=no: no fsync per write. A SIGKILL does not lose data that
+    // reached the page cache, and tests never crash the machine.
+    let mut text = format!(
+        "tickTime={TICK_TIME_MS}\n\
+         initLimit=10\n\
+         syncLimit=5\n\
+         dataDir={}\n\
+         clientPort={port}\n\
+         clientPortAddress=127.0.0.1\n\
+         maxClientCnxns=0\n\
+         admin.enableServer=false\n\
+         4lw.commands.whitelist=srvr,stat,ruok,mntr,conf,cons,envi,wchs,dump,isro\n\
+         forceSync=no\n",
+        data_dir.display()
+    );
+    if let Some((id, servers)) = quorum {
+        std::fs::create_dir_all(&data_dir)
+            .map_err(|e| Error::io(format!("creating {}", data_dir.display()), e))?;
+        std::fs::write(data_dir.join("myid"), format!("{id}\n"))
+            .map_err(|e| Error::io("writing myid", e))?;
+        text.push_str(servers);
+    }
+    std::fs::write(&config, text)
+        .map_err(|e| Error::io(format!("writing {}", config.display()), e))?;
+    let classpath = format!("{}:{}", zk_jar.display(), slf4j.display());
+    // Small heap and C1 only: start-up time matters, throughput does not.
+    // -XX:-UsePerfData keeps the JVM from leaving files in /tmp.
+    Ok(CommandSpec::new(java)
+        .args([
+            "-Xmx128m",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-XX:-UsePerfData",
+            "-Djava.awt.headless=true",
+            "-cp",
+            &classpath,
+            main,
+        ])
+        .arg(&config)
+        .cwd(dir))
+}
+
+/// One server of a [`ZooKeeperEnsemble`].
+#[derive(Debug)]
+pub struct ZooKeeperMember {
+    process: ServerProcess,
+    id: usize,
+    port: u16,
+}
+
+server_controls!(ZooKeeperMember, process);
+
+impl ZooKeeperMember {
+    /// The member's `myid` (1, 2, 3, ...).
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    /// The client port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:port`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// What `srvr` says the member is now: `leader`, `follower`, or an
+    /// error while it is not serving (no quorum, stopped).
+    pub fn mode(&self) -> std::result::Result<String, String> {
+        let text = srvr(self.addr())?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("Mode: "))
+            .map(|m| m.trim().to_string())
+            .ok_or_else(|| format!("srvr answered {:?}", text.trim()))
+    }
+}
+
+/// A ZooKeeper ensemble of several servers on 127.0.0.1 (quorum and
+/// election ports of their own, `tickTime=500`), each with its own data
+/// directory and the usual controls (pause, resume, kill, restart), so
+/// tests can take members away while clients keep their sessions.
+#[derive(Debug)]
+pub struct ZooKeeperEnsemble {
+    members: Vec<ZooKeeperMember>,
+}
+
+impl ZooKeeperEnsemble {
+    /// Starts `size` servers and waits until every one serves (which needs
+    /// an elected leader).
+    pub fn start(size: usize) -> Result<ZooKeeperEnsemble> {
+        if size == 0 {
+            return Err(Error::InvalidState {
+                what: "ZooKeeper ensemble".to_owned(),
+                operation: "start",
+                reason: "an ensemble needs at least one server",
+            });
+        }
+        let ports = (0..size)
+            .map(|_| Ok((try_free_port()?, try_free_port()?, try_free_port()?)))
+            .collect::<Result<Vec<(u16, u16, u16)>>>()?;
+        let servers: String = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, quorum, election))| {
+                format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1)
+            })
+            .collect();
+        // All members must run before any serves; if one fails, returning
+        // drops the others, which kills them.
+        let mut members = Vec::with_capacity(size);
+        for (i, &(port, _, _)) in ports.iter().enumerate() {
+            let id = i + 1;
+            let dir = temp_dir()?;
+            let spec = server_spec(dir.path(), port, Some((id, &servers)), QUORUM_MAIN)?;
+            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+            let process = ServerProcess::spawn(
+                format!("ZooKeeper server.{id} on {addr}"),
+                spec,
+                Box::new(move || srvr(addr).map(drop)),
+                READY_TIMEOUT,
+                dir,
+                "zookeeper.log",
+            )?;
+            members.push(ZooKeeperMember { process, id, port });
+        }
+        for m in &members {
+            m.process.await_startup()?;
+        }
+        Ok(ZooKeeperEnsemble { members })
+    }
+
+    /// The members, by id.
+    pub fn members(&self) -> &[ZooKeeperMember] {
+        &self.members
+    }
+
+    /// The member that says it leads, if one does now.
+    pub fn leader(&self) -> Option<&ZooKeeperMember> {
+        self.members
+            .iter()
+            .find(|m| m.mode().is_ok_and(|mode| mode == "leader"))
+    }
+
+    /// The client connect string, `127.0.0.1:P1,127.0.0.1:P2,...`.
+    pub fn connect_string(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.port))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 }
 

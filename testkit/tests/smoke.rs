@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use testkit::{
     run_with_timeout, Error, EtcdCluster, EtcdServer, MariaDbServer, Mode, PostgresServer, Proxy,
-    RedisServer, ZooKeeperServer,
+    RedisServer, ZooKeeperEnsemble, ZooKeeperServer,
 };
 
 /// How long a paused server is given to (wrongly) answer.
@@ -508,6 +508,69 @@ fn zookeeper_lifecycle() {
     zk.restart().expect("restart");
     let srvr = zk_four_letter(addr, "srvr", OK_TIMEOUT).expect("srvr after restart");
     assert!(srvr.contains("Mode: standalone"), "{srvr}");
+}
+
+#[test]
+fn zookeeper_ensemble_lifecycle() {
+    let zk = ZooKeeperEnsemble::start(3).expect("start a ZooKeeper ensemble");
+    let members = zk.members();
+    assert_eq!(members.len(), 3);
+    assert_eq!(
+        zk.connect_string(),
+        members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.port()))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let modes: Vec<String> = members.iter().map(|m| m.mode().expect("mode")).collect();
+    assert_eq!(
+        modes.iter().filter(|m| *m == "leader").count(),
+        1,
+        "{modes:?}"
+    );
+    assert_eq!(
+        modes.iter().filter(|m| *m == "follower").count(),
+        2,
+        "{modes:?}"
+    );
+
+    // A follower killed: the other two keep serving; back after restart.
+    let follower = members
+        .iter()
+        .find(|m| m.mode().is_ok_and(|x| x == "follower"))
+        .expect("a follower");
+    follower.kill().expect("kill");
+    assert_refused(follower.addr());
+    for m in members.iter().filter(|m| m.id() != follower.id()) {
+        m.wait_ready(OK_TIMEOUT).expect("the rest serve");
+    }
+    follower.restart().expect("restart the follower");
+    assert!(follower.mode().is_ok(), "the restarted follower serves");
+
+    // A member paused answers nothing; resumed, it serves again.
+    follower.pause().expect("pause");
+    assert!(
+        zk_four_letter(follower.addr(), "srvr", PAUSED_TIMEOUT).is_err(),
+        "srvr answered while paused"
+    );
+    follower.resume().expect("resume");
+    follower.wait_ready(OK_TIMEOUT).expect("ready after resume");
+
+    // The leader killed: the other two elect a new one.
+    let leader = zk.leader().expect("a leader");
+    let old = leader.id();
+    leader.kill().expect("kill the leader");
+    let give_up = Instant::now() + Duration::from_secs(30);
+    let new = loop {
+        if let Some(l) = zk.leader() {
+            break l.id();
+        }
+        assert!(Instant::now() < give_up, "no new leader");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_ne!(new, old, "the killed leader still leads");
+    leader.restart().expect("restart the old leader");
 }
 
 // ---------------------------------------------------------------- PostgreSQL

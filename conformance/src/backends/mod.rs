@@ -14,6 +14,7 @@ mod etcd;
 mod memory;
 mod redis;
 mod sql;
+mod zk;
 
 /// A backend the suite runs: a label for test names and a setup that starts
 /// what it needs. Setup runs lazily, once, on the first case selected.
@@ -45,5 +46,7 @@ pub fn registered() -> Vec<Registration> {
         redis::redlock(),
         etcd::single(),
         etcd::cluster(),
+        zk::single(),
+        zk::ensemble(),
     ]
 }

@@ -1,0 +1,760 @@
+//! [`ZkBackend`]: the [`LockBackend`] over ZooKeeper.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{
+    AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Lease,
+    LockBackend, LockError, LockName, OwnerToken, WaitMechanism,
+};
+use tokio::time::{sleep, sleep_until, Instant};
+use tokio_util::sync::CancellationToken;
+use zookeeper_client::{Acls, CreateMode, Error, Stat};
+
+use crate::config::ZkConfig;
+use crate::errors::{from_zk, outcome_unknown, timed, BACKEND};
+use crate::path::{is_ours, name_path, node_prefix, queue};
+use crate::session::{Session, Sessions};
+
+/// The smallest session timeout a ZooKeeper server grants with the test
+/// kit's `tickTime=500` (two ticks). A server with a longer tick raises
+/// it; the lease then reports what the server negotiated.
+pub const MIN_TTL: Duration = Duration::from_secs(1);
+
+/// While waiting on a watch, read the queue again this often anyway, in
+/// case a watch event was missed.
+const RECHECK: Duration = Duration::from_secs(2);
+
+/// The session timeout asked for by requests that hold no lock: the
+/// longest a default-configured server grants (20 ticks of 2 s is 40 s;
+/// the test kit's servers give 10 s).
+const ADMIN_SESSION: Duration = Duration::from_secs(30);
+
+/// How many released node paths a client remembers, to answer a repeated
+/// release with `Ok`.
+const REMEMBERED: usize = 4096;
+
+/// What this backend promises.
+pub fn guarantees() -> Guarantees {
+    let mut g = Guarantees::new(BACKEND);
+    g.fencing = FencingGuarantee::Strict;
+    g.fair_fifo = true;
+    g.expiry_clock = ExpiryClock::Consensus;
+    g.survives_restart = true;
+    g.survives_failover = true;
+    g.wait = WaitMechanism::Watch;
+    g.min_ttl = MIN_TTL;
+    g.ttl_granularity = Duration::from_millis(1);
+    g.force_release = true;
+    g
+}
+
+/// A polylock client of a ZooKeeper ensemble.
+///
+/// One value is one client: one session per distinct TTL (the session
+/// timeout the server negotiates is the lease's TTL), or one session for
+/// all locks when the URL sets `session_timeout`. Clones share the client;
+/// dropping the last clone closes its sessions, which deletes their nodes.
+///
+/// # Renew, release
+/// The session keeps a node alive while the client lives, but a lease is
+/// still a lease: a holding that is not renewed within its TTL is deleted
+/// by this client at `sent_at + ttl` (never before the holder's local
+/// deadline). `renew` reads the node (which also touches the session on
+/// the server) and moves that expiry. Both must go through the client that
+/// acquired the lease.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lock_core::LockError> {
+/// use std::time::Duration;
+/// use lock_core::Locker;
+/// let backend = backend_zk::ZkBackend::connect("zk://127.0.0.1:2181").await?;
+/// let locker = Locker::new(backend);
+/// let guard = locker.lock("reports").ttl(Duration::from_secs(10)).acquire().await?;
+/// println!("fencing token {}", guard.fence());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ZkBackend {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for ZkBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkBackend")
+            .field("url", &self.inner.config.redacted_url())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    config: ZkConfig,
+    sessions: Sessions,
+    /// Holdings of this client by node path.
+    held: Mutex<HashMap<String, Held>>,
+    /// Node paths this client released (or expired), oldest first, with
+    /// what the lock's directory looked like right after.
+    gone: Mutex<VecDeque<(String, Gone)>>,
+}
+
+struct Held {
+    owner: OwnerToken,
+    fence: FencingToken,
+    /// When the server-side lease ends unless renewed: `sent_at + ttl` of
+    /// the last acquire or renew.
+    expires: Instant,
+    session: Arc<Session>,
+    stop: CancellationToken,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Gone {
+    /// Released by its holder.
+    Released,
+    /// Deleted at its expiry; `pzxid` is the lock directory's last child
+    /// change seen right after, so a later holder shows as a change.
+    Expired { pzxid: Option<i64> },
+}
+
+/// Where a contender stands in the queue.
+enum Standing {
+    /// First in line: the list request that showed it was sent at this
+    /// instant, while the session was alive.
+    First(Instant),
+    /// Behind this node (its name in the directory).
+    Behind(String),
+    /// Our node is no longer there.
+    Vanished,
+}
+
+impl ZkBackend {
+    /// Connects to the ensemble named by `url` (see [`ZkConfig`]). Opens no
+    /// session yet: the first lock does.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is created before the first lock.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Ok(Self::new(ZkConfig::parse(url)?))
+    }
+
+    /// A client with these options (no I/O).
+    pub fn new(config: ZkConfig) -> Self {
+        ZkBackend {
+            inner: Arc::new(Inner {
+                config,
+                sessions: Sessions::default(),
+                held: Mutex::default(),
+                gone: Mutex::default(),
+            }),
+        }
+    }
+
+    /// The client's options.
+    pub fn config(&self) -> &ZkConfig {
+        &self.inner.config
+    }
+
+    /// The directory of `name`'s lock nodes, as clients of this URL see it.
+    pub fn lock_path(&self, name: &LockName) -> String {
+        let c = &self.inner.config;
+        format!("{}/{}/{}", c.chroot, c.prefix, name_path(name))
+    }
+
+    /// The session id (as ZooKeeper stores it in a node's ephemeral owner)
+    /// of the session serving `ttl`, connecting it if needed.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn session_id(&self, ttl: Duration) -> Result<i64, LockError> {
+        Ok(self.session(ttl).await?.id())
+    }
+
+    async fn session(&self, ttl: Duration) -> Result<Arc<Session>, LockError> {
+        let c = &self.inner.config;
+        let timeout = c.session_timeout.unwrap_or(ttl.max(MIN_TTL));
+        self.inner.sessions.get(c, timeout).await
+    }
+
+    /// The session for requests that hold nothing (inspect, force release,
+    /// fenced writes): a long timeout, so a loaded machine does not make
+    /// reads fail on a short lock session's reconnects.
+    pub(crate) async fn any_session(&self) -> Result<Arc<Session>, LockError> {
+        let c = &self.inner.config;
+        let timeout = c.session_timeout.unwrap_or(ADMIN_SESSION);
+        self.inner.sessions.get(c, timeout).await
+    }
+
+    async fn inspect_once(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
+        let s = self.any_session().await?;
+        let dir = self.lock_path(name);
+        loop {
+            let children = match timed("list", self.op(), s.client.list_children(&dir)).await? {
+                Ok(c) => c,
+                Err(Error::NoNode) => return Ok(None),
+                Err(e) => return Err(from_zk(&format!("listing {dir}"), e)),
+            };
+            let Some((_, first)) = queue(children).into_iter().next() else {
+                return Ok(None);
+            };
+            let path = format!("{dir}/{first}");
+            match timed("get", self.op(), s.client.get_data(&path)).await? {
+                Ok((data, stat)) => {
+                    let fence = u64::try_from(stat.czxid).ok().and_then(FencingToken::new);
+                    let owner = String::from_utf8_lossy(&data).into_owned();
+                    return Ok(Some(HolderInfo::new(owner, fence, None)));
+                }
+                // Released between the two reads: look again.
+                Err(Error::NoNode) => continue,
+                Err(e) => return Err(from_zk(&format!("reading {path}"), e)),
+            }
+        }
+    }
+
+    fn op(&self) -> Duration {
+        self.inner.config.op_timeout
+    }
+
+    /// Creates our node for `owner` under `dir`, creating the parents when
+    /// missing. A lost reply is recovered by finding the node by its uuid.
+    async fn enter(
+        &self,
+        s: &Session,
+        dir: &str,
+        owner: OwnerToken,
+    ) -> Result<(String, Stat), LockError> {
+        let uuid = uuid::Uuid::new_v4().to_string();
+        let prefix = node_prefix(dir, &uuid);
+        let data = owner.to_string();
+        let opts = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let mut parents_made = false;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let r = timed(
+                "create",
+                self.op(),
+                s.client.create(&prefix, data.as_bytes(), &opts),
+            )
+            .await;
+            match r {
+                Ok(Ok((stat, seq))) => return Ok((format!("{prefix}{seq}"), stat)),
+                Ok(Err(Error::NoNode)) if !parents_made => {
+                    parents_made = true;
+                    let dirs = CreateMode::Persistent.with_acls(Acls::anyone_all());
+                    timed("mkdir", self.op(), s.client.mkdir(dir, &dirs))
+                        .await?
+                        .map_err(|e| from_zk(&format!("creating {dir}"), e))?;
+                }
+                Ok(Err(e)) if outcome_unknown(&e) => {
+                    // The create may or may not have been applied: the
+                    // uuid tells, once the session is reachable again.
+                    if let Some(found) = self.recover(s, dir, &uuid).await? {
+                        return Ok(found);
+                    }
+                    if tries >= 3 {
+                        return Err(from_zk("create", e));
+                    }
+                }
+                Ok(Err(e)) => return Err(from_zk(&format!("creating a node in {dir}"), e)),
+                Err(timeout) => {
+                    // Still in flight: it may land later. Delete it then,
+                    // so it does not block the queue for the session's life.
+                    self.clean_up_later(s, dir, uuid);
+                    return Err(timeout);
+                }
+            }
+        }
+    }
+
+    /// [`find_ours`](Self::find_ours), retried while the connection is
+    /// being re-established (up to `op_timeout`).
+    async fn recover(
+        &self,
+        s: &Session,
+        dir: &str,
+        uuid: &str,
+    ) -> Result<Option<(String, Stat)>, LockError> {
+        let give_up = Instant::now() + self.op();
+        loop {
+            match self.find_ours(s, dir, uuid).await {
+                Err(e)
+                    if e.is_retryable() && Instant::now() < give_up && !s.ended.is_cancelled() =>
+                {
+                    sleep(Duration::from_millis(50)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn find_ours(
+        &self,
+        s: &Session,
+        dir: &str,
+        uuid: &str,
+    ) -> Result<Option<(String, Stat)>, LockError> {
+        let children = match timed("list", self.op(), s.client.list_children(dir)).await? {
+            Ok(c) => c,
+            Err(Error::NoNode) => return Ok(None),
+            Err(e) => return Err(from_zk(&format!("listing {dir}"), e)),
+        };
+        for child in children.iter().filter(|c| is_ours(c, uuid)) {
+            let path = format!("{dir}/{child}");
+            match timed("get", self.op(), s.client.get_data(&path)).await? {
+                // A node with our uuid is ours only if this session owns it.
+                Ok((_, stat)) if stat.ephemeral_owner == s.id() => return Ok(Some((path, stat))),
+                Ok(_) | Err(Error::NoNode) => {}
+                Err(e) => return Err(from_zk(&format!("reading {path}"), e)),
+            }
+        }
+        Ok(None)
+    }
+
+    fn clean_up_later(&self, s: &Session, dir: &str, uuid: String) {
+        let client = s.client.clone();
+        let dir = dir.to_string();
+        let op = self.op();
+        tokio::spawn(async move {
+            for _ in 0..3 {
+                sleep(op).await;
+                let Ok(Ok(children)) = tokio::time::timeout(op, client.list_children(&dir)).await
+                else {
+                    continue;
+                };
+                for child in children.iter().filter(|c| is_ours(c, &uuid)) {
+                    let path = format!("{dir}/{child}");
+                    let _ = tokio::time::timeout(op, client.delete(&path, None)).await;
+                }
+            }
+        });
+    }
+
+    async fn standing(&self, s: &Session, dir: &str, node: &str) -> Result<Standing, LockError> {
+        let sent = Instant::now();
+        let children = match timed("list", self.op(), s.client.list_children(dir)).await? {
+            Ok(c) => c,
+            Err(Error::NoNode) => return Ok(Standing::Vanished),
+            Err(e) => return Err(from_zk(&format!("listing {dir}"), e)),
+        };
+        let q = queue(children);
+        match q.iter().position(|(_, c)| c == node) {
+            None => Ok(Standing::Vanished),
+            Some(0) => Ok(Standing::First(sent)),
+            Some(i) => Ok(Standing::Behind(q[i - 1].1.clone())),
+        }
+    }
+
+    /// Turns our first-in-line node into a lease, and starts its expiry.
+    fn grant(
+        &self,
+        req: &AcquireRequest,
+        s: &Arc<Session>,
+        path: String,
+        stat: &Stat,
+        sent: Instant,
+    ) -> Result<Lease, LockError> {
+        let fence = u64::try_from(stat.czxid)
+            .ok()
+            .and_then(FencingToken::new)
+            .ok_or_else(|| {
+                LockError::permanent(BACKEND, format!("{path} has czxid {}", stat.czxid))
+            })?;
+        let ttl = s.timeout();
+        let lease = req
+            .lease(fence, ttl, sent)
+            .with_backend_key(path.clone())
+            .with_revocation(s.ended.clone());
+        let stop = CancellationToken::new();
+        self.inner.held().insert(
+            path.clone(),
+            Held {
+                owner: req.owner,
+                fence,
+                expires: sent + ttl,
+                session: s.clone(),
+                stop: stop.clone(),
+            },
+        );
+        spawn_expiry(Arc::downgrade(&self.inner), path, stop);
+        Ok(lease)
+    }
+
+    /// One pass through the queue: create, then wait (up to `req.wait`)
+    /// for the predecessors to go.
+    async fn contend(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        let wait_until = req.wait_deadline();
+        let dir = self.lock_path(&req.name);
+        loop {
+            let s = self.session(req.ttl).await?;
+            let (path, stat) = self.enter(&s, &dir, req.owner).await?;
+            let node = path.rsplit('/').next().unwrap_or_default().to_string();
+            let mut ours = NodeGuard::new(&s, &path);
+            loop {
+                if s.ended.is_cancelled() {
+                    break;
+                }
+                match self.standing(&s, &dir, &node).await? {
+                    Standing::Vanished => break,
+                    Standing::First(sent) => {
+                        if stat.ephemeral_owner != s.id() {
+                            // Never take a node of an older session for a
+                            // live hold.
+                            break;
+                        }
+                        ours.disarm();
+                        return self.grant(req, &s, path, &stat, sent).map(Some);
+                    }
+                    Standing::Behind(pred) => {
+                        if Instant::now() >= wait_until {
+                            ours.delete_now(self.op()).await;
+                            return Ok(None);
+                        }
+                        let pred = format!("{dir}/{pred}");
+                        let watched =
+                            timed("watch", self.op(), s.client.check_and_watch_stat(&pred))
+                                .await?
+                                .map_err(|e| from_zk(&format!("watching {pred}"), e))?;
+                        let (Some(_), watcher) = watched else {
+                            continue;
+                        };
+                        tokio::select! {
+                            _ = watcher.changed() => {}
+                            _ = sleep(RECHECK) => {}
+                            _ = s.ended.cancelled() => {}
+                            _ = sleep_until(wait_until) => {}
+                        }
+                    }
+                }
+            }
+            // Our node vanished (removed behind our back, or with its
+            // session): enter again, at the back of the queue.
+            ours.disarm();
+            if Instant::now() >= wait_until {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Reads `lease`'s node and checks it is still this holding.
+    async fn check_node(&self, s: &Session, lease: &Lease, path: &str) -> Result<Stat, LockError> {
+        let lost = || LockError::Lost {
+            name: lease.name().to_string(),
+        };
+        match timed("get", self.op(), s.client.get_data(path)).await? {
+            Ok((data, stat)) => {
+                let same = data == lease.owner().to_string().as_bytes()
+                    && u64::try_from(stat.czxid).ok() == Some(lease.fence().get())
+                    && stat.ephemeral_owner == s.id();
+                if same {
+                    Ok(stat)
+                } else {
+                    Err(lost())
+                }
+            }
+            Err(Error::NoNode) => Err(lost()),
+            Err(e) => Err(from_zk(&format!("reading {path}"), e)),
+        }
+    }
+
+    /// The holding behind `lease`, if this client has it.
+    fn held_session(&self, lease: &Lease, path: &str) -> Option<(Arc<Session>, Instant)> {
+        let held = self.inner.held();
+        let h = held.get(path)?;
+        (h.owner == lease.owner() && h.fence == lease.fence())
+            .then(|| (h.session.clone(), h.expires))
+    }
+
+    async fn dir_pzxid(&self, s: &Session, dir: &str) -> Option<(i64, i32)> {
+        match tokio::time::timeout(self.op(), s.client.check_stat(dir)).await {
+            Ok(Ok(Some(stat))) => Some((stat.pzxid, stat.num_children)),
+            _ => None,
+        }
+    }
+}
+
+impl Inner {
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn remember(&self, path: String, gone: Gone) {
+        let mut g = self.gone.lock().unwrap_or_else(|p| p.into_inner());
+        if g.len() >= REMEMBERED {
+            g.pop_front();
+        }
+        g.push_back((path, gone));
+    }
+
+    fn gone(&self, path: &str) -> Option<Gone> {
+        let g = self.gone.lock().unwrap_or_else(|p| p.into_inner());
+        g.iter().rev().find(|(p, _)| p == path).map(|(_, s)| *s)
+    }
+}
+
+/// Deletes the node at `path` when its lease runs out unrenewed: a lease
+/// ends at its TTL even though the session would keep the node.
+fn spawn_expiry(inner: Weak<Inner>, path: String, stop: CancellationToken) {
+    tokio::spawn(async move {
+        loop {
+            let expires = {
+                let Some(inner) = inner.upgrade() else { return };
+                let held = inner.held();
+                match held.get(&path) {
+                    Some(h) => h.expires,
+                    None => return,
+                }
+            };
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = sleep_until(expires) => {}
+            }
+            let Some(inner) = inner.upgrade() else { return };
+            let h = {
+                let mut held = inner.held();
+                match held.get(&path) {
+                    Some(h) if h.expires <= Instant::now() => held.remove(&path),
+                    Some(_) => continue,
+                    None => return,
+                }
+            };
+            let Some(h) = h else { return };
+            let op = inner.config.op_timeout;
+            let _ = tokio::time::timeout(op, h.session.client.delete(&path, None)).await;
+            let dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or_default();
+            let pzxid = match tokio::time::timeout(op, h.session.client.check_stat(dir)).await {
+                Ok(Ok(Some(stat))) if stat.num_children == 0 => Some(stat.pzxid),
+                _ => None,
+            };
+            inner.remember(path, Gone::Expired { pzxid });
+            return;
+        }
+    });
+}
+
+/// Deletes a waiter's node if the wait ends without a lock (cancelled,
+/// failed): a cancelled waiter does not keep its place.
+struct NodeGuard {
+    client: Option<zookeeper_client::Client>,
+    path: String,
+}
+
+impl NodeGuard {
+    fn new(s: &Session, path: &str) -> Self {
+        NodeGuard {
+            client: Some(s.client.clone()),
+            path: path.to_string(),
+        }
+    }
+    fn disarm(&mut self) {
+        self.client = None;
+    }
+    async fn delete_now(&mut self, op: Duration) {
+        if let Some(c) = self.client.take() {
+            let _ = tokio::time::timeout(op, c.delete(&self.path, None)).await;
+        }
+    }
+}
+
+impl Drop for NodeGuard {
+    fn drop(&mut self) {
+        let Some(client) = self.client.take() else {
+            return;
+        };
+        let path = std::mem::take(&mut self.path);
+        // No async drop: the delete goes to the runtime. Without one the
+        // node goes with its session.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(5), client.delete(&path, None)).await;
+            });
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for ZkBackend {
+    /// Creates a node and keeps it only if it is first in line.
+    ///
+    /// # Cancel safety
+    /// Dropped after the create left, the node is deleted in the
+    /// background (or goes with the session).
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        let one = AcquireRequest {
+            wait: Duration::ZERO,
+            ..req.clone()
+        };
+        self.contend(&one).await
+    }
+
+    /// Queues a node and waits for the predecessor's deletion (a watch on
+    /// that node only); re-checks every lower node when woken.
+    ///
+    /// # Cancel safety
+    /// Dropping the future deletes its node in the background, so it does
+    /// not hold its place in the queue.
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        let deadline = req.wait_deadline();
+        loop {
+            match self.contend(req).await {
+                Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                    sleep(Duration::from_millis(50)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Reads the node (touching the session) and moves the lease's expiry.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the expiry moves only once the read answered.
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let lost = || LockError::Lost {
+            name: lease.name().to_string(),
+        };
+        let path = lease.backend_key().ok_or_else(lost)?.to_string();
+        let (s, expires) = self.held_session(lease, &path).ok_or_else(lost)?;
+        if expires <= Instant::now() || s.ended.is_cancelled() {
+            return Err(lost());
+        }
+        let sent = Instant::now();
+        self.check_node(&s, lease, &path).await?;
+        let ttl = s.timeout();
+        let mut held = self.inner.held();
+        match held.get_mut(&path) {
+            Some(h) if h.fence == lease.fence() && h.expires > Instant::now() => {
+                h.expires = sent + ttl;
+                Ok(lease.renewed(ttl, sent))
+            }
+            _ => Err(lost()),
+        }
+    }
+
+    /// Deletes the node if it is still this holding.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the node is deleted or not; an undeleted one expires at
+    /// the lease's TTL.
+    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        let lost = || LockError::Lost {
+            name: lease.name().to_string(),
+        };
+        let path = lease.backend_key().ok_or_else(lost)?.to_string();
+        let dir = path
+            .rsplit_once('/')
+            .map(|(d, _)| d.to_string())
+            .unwrap_or_default();
+        if let Some((s, _)) = self.held_session(lease, &path) {
+            // The path holds a uuid of this client's own attempt, and lock
+            // nodes are never written (version 0): a node still there is
+            // this holding, so no read is needed before the delete.
+            let r = timed("delete", self.op(), s.client.delete(&path, Some(0))).await?;
+            let forget = || {
+                if let Some(h) = self.inner.held().remove(&path) {
+                    h.stop.cancel();
+                }
+            };
+            // A failed request keeps the holding: the caller may retry.
+            return match r {
+                Ok(()) => {
+                    forget();
+                    self.inner.remember(path.clone(), Gone::Released);
+                    Ok(())
+                }
+                Err(Error::NoNode | Error::BadVersion) => {
+                    forget();
+                    Err(lost())
+                }
+                Err(e) => Err(from_zk(&format!("deleting {path}"), e)),
+            };
+        }
+        match self.inner.gone(&path) {
+            Some(Gone::Released) => Ok(()),
+            Some(Gone::Expired { pzxid: Some(then) }) => {
+                let s = self.any_session().await?;
+                match self.dir_pzxid(&s, &dir).await {
+                    Some((now, 0)) if now == then => Ok(()),
+                    _ => Err(lost()),
+                }
+            }
+            _ => Err(lost()),
+        }
+    }
+
+    /// The first node in line, its data as the owner and its czxid.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
+        // A read: retried while the connection is being re-established.
+        let give_up = Instant::now() + self.op();
+        loop {
+            match self.inspect_once(name).await {
+                Err(e) if e.is_retryable() && Instant::now() < give_up => {
+                    sleep(Duration::from_millis(50)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Deletes the first node in line, whoever created it.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the node is deleted or not.
+    async fn force_release(&self, name: &LockName) -> Result<bool, LockError> {
+        let s = self.any_session().await?;
+        let dir = self.lock_path(name);
+        let children = match timed("list", self.op(), s.client.list_children(&dir)).await? {
+            Ok(c) => c,
+            Err(Error::NoNode) => return Ok(false),
+            Err(e) => return Err(from_zk(&format!("listing {dir}"), e)),
+        };
+        let Some((_, first)) = queue(children).into_iter().next() else {
+            return Ok(false);
+        };
+        let path = format!("{dir}/{first}");
+        match timed("delete", self.op(), s.client.delete(&path, None)).await? {
+            Ok(()) => Ok(true),
+            Err(Error::NoNode) => Ok(false),
+            Err(e) => Err(from_zk(&format!("deleting {path}"), e)),
+        }
+    }
+
+    fn guarantees(&self) -> Guarantees {
+        guarantees()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn declared_ttl_matches_what_sessions_are_asked_for() {
+        let g = guarantees();
+        assert_eq!(g.effective_ttl(Duration::from_millis(300)), MIN_TTL);
+        assert_eq!(
+            g.effective_ttl(Duration::from_millis(1500)),
+            Duration::from_millis(1500)
+        );
+    }
+
+    #[test]
+    fn lock_paths_follow_chroot_prefix_and_escaping() {
+        let b = ZkBackend::new(ZkConfig::parse("zk://h/app?prefix=locks").unwrap());
+        let n = LockName::new("a//b").unwrap();
+        assert_eq!(b.lock_path(&n), "/app/locks/a%2F%2Fb");
+        let b = ZkBackend::new(ZkConfig::parse("zk://h").unwrap());
+        assert_eq!(
+            b.lock_path(&LockName::new("reports/nightly").unwrap()),
+            "/polylock/reports/nightly"
+        );
+        assert!(!format!("{b:?}").is_empty());
+    }
+}

@@ -1,0 +1,261 @@
+//! Lock URL → client options. The only place ZooKeeper URLs are parsed.
+//!
+//! ```text
+//! zk://HOST[:PORT][,HOST[:PORT]...][/CHROOT][?OPTION=VALUE&...]
+//! ```
+//!
+//! - Several servers are separated by commas; the client moves to another
+//!   one when its server goes away, keeping its session. The port defaults
+//!   to 2181. IPv6 addresses go in brackets (`[::1]:2181`).
+//! - `/CHROOT` is put in front of every path this client uses (created as
+//!   needed), as a Java client's chroot does.
+//!
+//! | option            | default    | meaning |
+//! |-------------------|------------|---------|
+//! | `prefix`          | `polylock` | the parent path of every lock: lock `NAME` is `/{prefix}/{NAME}` |
+//! | `session_timeout` | none       | one session of this timeout for every lock, whatever TTL is asked (see below) |
+//! | `op_timeout`      | 5s         | time for one request, then a retryable error |
+//!
+//! Durations are `250ms`, `2s`, `1m`, `500us`, or a bare number of
+//! milliseconds.
+//!
+//! # TTL and sessions
+//! A lock lives as long as the session that created its node. Without
+//! `session_timeout`, a client opens one session per distinct TTL asked
+//! for and the server's negotiated timeout is the lease's TTL. With
+//! `session_timeout`, every lock uses that one session and the TTL asked for
+//! is ignored: the lease reports what the server negotiated.
+
+use std::fmt;
+use std::time::Duration;
+
+use lock_core::options::{host_port, positive_duration};
+use lock_core::{redact_url, LockError};
+use percent_encoding::percent_decode_str;
+
+use crate::path::validate_segment;
+
+/// The port used when a server names none.
+pub const DEFAULT_PORT: u16 = 2181;
+/// The default of `op_timeout`.
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(5);
+/// The default of `prefix`.
+pub const DEFAULT_PREFIX: &str = "polylock";
+
+/// Options of one ZooKeeper client, parsed from a lock URL.
+///
+/// ```
+/// use std::time::Duration;
+/// use backend_zk::ZkConfig;
+/// let c = ZkConfig::parse("zk://n1:2181,n2,[::1]:2182/app?prefix=locks&session_timeout=4s").unwrap();
+/// assert_eq!(c.servers(), ["n1:2181", "n2:2181", "[::1]:2182"]);
+/// assert_eq!(c.chroot(), "/app");
+/// assert_eq!(c.prefix(), "locks");
+/// assert_eq!(c.session_timeout(), Some(Duration::from_secs(4)));
+/// assert!(ZkConfig::parse("zk://h?colour=blue").is_err());
+/// ```
+#[derive(Clone)]
+pub struct ZkConfig {
+    pub(crate) servers: Vec<String>,
+    pub(crate) chroot: String,
+    pub(crate) prefix: String,
+    pub(crate) session_timeout: Option<Duration>,
+    pub(crate) op_timeout: Duration,
+    redacted: String,
+}
+
+impl fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkConfig")
+            .field("url", &self.redacted)
+            .field("servers", &self.servers)
+            .field("chroot", &self.chroot)
+            .field("prefix", &self.prefix)
+            .field("session_timeout", &self.session_timeout)
+            .field("op_timeout", &self.op_timeout)
+            .finish()
+    }
+}
+
+impl ZkConfig {
+    /// Parses a `zk://` URL. Every mistake is a [`LockError::Config`] naming
+    /// the (redacted) URL and what is wrong, raised before any I/O.
+    pub fn parse(url: &str) -> Result<Self, LockError> {
+        let redacted = redact_url(url);
+        let bad = |why: String| LockError::Config(format!("`{redacted}`: {why}"));
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("expected zk://HOST[:PORT][,HOST[:PORT]...]".into()))?;
+        if !scheme.eq_ignore_ascii_case("zk") {
+            return Err(bad(format!("the scheme must be zk, not `{scheme}`")));
+        }
+        if rest.contains('#') {
+            return Err(bad("a fragment (#...) has no meaning here".into()));
+        }
+        let (before_query, query) = match rest.split_once('?') {
+            Some((b, q)) => (b, Some(q)),
+            None => (rest, None),
+        };
+        let (hosts, chroot) = match before_query.find('/') {
+            Some(slash) => (&before_query[..slash], &before_query[slash..]),
+            None => (before_query, ""),
+        };
+        if hosts.contains('@') {
+            return Err(bad(
+                "credentials in the URL are not supported by the zk scheme".into(),
+            ));
+        }
+        let servers = hosts
+            .split(',')
+            .map(|h| host_port(h, DEFAULT_PORT))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(bad)?;
+        let chroot = chroot.trim_end_matches('/');
+        let chroot = if chroot.is_empty() {
+            String::new()
+        } else {
+            let decoded = decode(chroot).map_err(|e| bad(format!("the chroot {e}")))?;
+            for seg in decoded[1..].split('/') {
+                validate_segment(seg).map_err(|e| bad(format!("the chroot: {e}")))?;
+            }
+            decoded
+        };
+
+        let mut prefix = DEFAULT_PREFIX.to_string();
+        let mut session_timeout = None;
+        let mut op_timeout = DEFAULT_OP_TIMEOUT;
+        let mut seen = Vec::new();
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value = decode(value).map_err(|e| bad(format!("option `{key}` {e}")))?;
+            if seen.contains(&key) {
+                return Err(bad(format!("option `{key}` is given twice")));
+            }
+            seen.push(key);
+            let opt = |why: String| bad(format!("option `{key}`: {why}"));
+            match key {
+                "prefix" => {
+                    let p = value.trim_matches('/');
+                    if p.is_empty() {
+                        return Err(opt("the prefix is empty".into()));
+                    }
+                    for seg in p.split('/') {
+                        validate_segment(seg).map_err(opt)?;
+                    }
+                    if chroot.is_empty() && p.split('/').next() == Some("zookeeper") {
+                        return Err(opt("/zookeeper is reserved by the server".into()));
+                    }
+                    prefix = p.to_string();
+                }
+                "session_timeout" => {
+                    session_timeout = Some(positive_duration(&value).map_err(opt)?)
+                }
+                "op_timeout" => op_timeout = positive_duration(&value).map_err(opt)?,
+                other => {
+                    return Err(bad(format!(
+                        "unknown option `{other}` (known: prefix, session_timeout, op_timeout)"
+                    )))
+                }
+            }
+        }
+        Ok(ZkConfig {
+            servers,
+            chroot,
+            prefix,
+            session_timeout,
+            op_timeout,
+            redacted,
+        })
+    }
+
+    /// The URL with any secret blanked, for messages.
+    pub fn redacted_url(&self) -> &str {
+        &self.redacted
+    }
+    /// `host:port` of every server, ports filled in.
+    pub fn servers(&self) -> &[String] {
+        &self.servers
+    }
+    /// The chroot (`""` for none, else `/a/b`).
+    pub fn chroot(&self) -> &str {
+        &self.chroot
+    }
+    /// The parent path of every lock, below the chroot, without slashes
+    /// around it.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+    /// The fixed session timeout, if the URL set one.
+    pub fn session_timeout(&self) -> Option<Duration> {
+        self.session_timeout
+    }
+    /// The time one request may take.
+    pub fn op_timeout(&self) -> Duration {
+        self.op_timeout
+    }
+    /// The connect string for the client library (servers only: the chroot
+    /// is applied by this crate, which creates it when missing).
+    pub(crate) fn connect_string(&self) -> String {
+        self.servers.join(",")
+    }
+}
+
+fn decode(s: &str) -> Result<String, String> {
+    percent_decode_str(s)
+        .decode_utf8()
+        .map(|c| c.into_owned())
+        .map_err(|_| "is not valid UTF-8 once percent-decoded".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(url: &str) -> String {
+        match ZkConfig::parse(url) {
+            Err(LockError::Config(m)) => m,
+            other => panic!("{url}: expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn servers_and_defaults() {
+        let c = ZkConfig::parse("zk://127.0.0.1:2181").unwrap();
+        assert_eq!(c.servers(), ["127.0.0.1:2181"]);
+        assert_eq!(c.chroot(), "");
+        assert_eq!(c.prefix(), DEFAULT_PREFIX);
+        assert_eq!(c.session_timeout(), None);
+        assert_eq!(c.op_timeout(), DEFAULT_OP_TIMEOUT);
+        let c = ZkConfig::parse("ZK://a,b:1,[::1]/").unwrap();
+        assert_eq!(c.servers(), ["a:2181", "b:1", "[::1]:2181"]);
+        assert_eq!(c.connect_string(), "a:2181,b:1,[::1]:2181");
+        let c = ZkConfig::parse("zk://h/a/b/?prefix=/x/y/&op_timeout=250ms").unwrap();
+        assert_eq!(c.chroot(), "/a/b");
+        assert_eq!(c.prefix(), "x/y");
+        assert_eq!(c.op_timeout(), Duration::from_millis(250));
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        assert!(err("redis://h").contains("scheme must be zk"));
+        assert!(err("zk:/h").contains("expected zk://"));
+        assert!(err("zk://").contains("server is empty"));
+        assert!(err("zk://a,,b").contains("server is empty"));
+        assert!(err("zk://h:0").contains("not a port"));
+        assert!(err("zk://h:99999").contains("not a port"));
+        assert!(err("zk://h#x").contains("fragment"));
+        assert!(err("zk://[::1").contains("closing"));
+        assert!(err("zk://h o").contains("not a host"));
+        assert!(err("zk://h:1:2").contains("not a port"));
+        assert!(err("zk://h//a").contains("chroot"));
+        assert!(err("zk://h/a/../b").contains("chroot"));
+        assert!(err("zk://h?prefix=").contains("empty"));
+        assert!(err("zk://h?prefix=a//b").contains("empty"));
+        assert!(err("zk://h?prefix=zookeeper").contains("reserved"));
+        assert!(err("zk://h?prefix=a&prefix=b").contains("twice"));
+        assert!(err("zk://h?session_timeout=0").contains("above zero"));
+        assert!(err("zk://h?colour=blue").contains("unknown option `colour`"));
+        assert!(err("zk://u:secret@h").contains("credentials"));
+        assert!(!err("zk://u:secret@h").contains("secret"));
+    }
+}

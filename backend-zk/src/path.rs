@@ -1,0 +1,213 @@
+//! Lock names → ZooKeeper paths, and the names of lock nodes.
+//!
+//! # Name mapping
+//! Lock `NAME` is the directory `{chroot}/{prefix}/{NAME}`, so a Java service
+//! using `new InterProcessMutex(client, "/{prefix}/{NAME}")` shares the lock.
+//! ZooKeeper refuses empty path segments, the segments `.` and `..`, and
+//! some code points (U+0001–U+001F, U+007F–U+009F, U+D800–U+F8FF,
+//! U+FFF0–U+FFFF, and every code point above U+FFFF, which Java sees as
+//! surrogates); NUL never reaches here ([`LockName`] refuses it). So:
+//! - `%` becomes `%25` and every refused code point becomes the `%XX`
+//!   escapes of its UTF-8 bytes; a segment `.` becomes `%2E` and `..`
+//!   becomes `%2E%2E`. A name made only of such segments keeps its `/`
+//!   as path separators (`reports/nightly` → `.../reports/nightly`).
+//! - A name with an empty segment (`/a`, `a/`, `a//b`) becomes ONE segment
+//!   in which `/` is escaped as `%2F` too.
+//!
+//! Percent-decoding the result gives the name back in both cases, so two
+//! names never share a directory.
+//!
+//! # Lock nodes
+//! A contender's node is `_c_{uuid}-lock-{sequence}`: Apache Curator's
+//! `InterProcessMutex` in protected mode. The uuid (random per attempt)
+//! finds our node again when the reply to its create was lost; the
+//! ten-digit sequence the server appends orders the queue.
+
+use std::fmt::Write;
+
+use lock_core::LockName;
+
+/// What Curator's `InterProcessMutex` puts between the protection and the
+/// sequence.
+pub(crate) const LOCK_NAME: &str = "lock-";
+/// Curator's protected-mode marker.
+const PROTECTED: &str = "_c_";
+
+/// ZooKeeper checks paths as Java strings, in UTF-16 units: a code point
+/// above U+FFFF is a surrogate pair there, inside the refused
+/// U+D800–U+F8FF, so it is refused too.
+fn refused(c: char) -> bool {
+    matches!(c, '\u{1}'..='\u{1f}' | '\u{7f}'..='\u{9f}' | '\u{e000}'..='\u{f8ff}' | '\u{fff0}'..)
+}
+
+fn escape_into(out: &mut String, s: &str, slash: bool) {
+    for c in s.chars() {
+        if c == '%' || refused(c) || (slash && c == '/') {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                // Writing to a String cannot fail.
+                let _ = write!(out, "%{b:02X}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
+}
+
+/// The path segments (relative, no leading `/`) of `name`'s directory.
+pub(crate) fn name_path(name: &LockName) -> String {
+    let name = name.as_str();
+    let mut out = String::with_capacity(name.len());
+    if name.split('/').any(str::is_empty) {
+        escape_into(&mut out, name, true);
+        return out;
+    }
+    for (i, seg) in name.split('/').enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        match seg {
+            "." => out.push_str("%2E"),
+            ".." => out.push_str("%2E%2E"),
+            _ => escape_into(&mut out, seg, false),
+        }
+    }
+    out
+}
+
+/// Refuses what ZooKeeper refuses in one path segment (for URL pieces,
+/// which are not escaped: they name paths other clients use as given).
+pub(crate) fn validate_segment(seg: &str) -> Result<(), String> {
+    if seg.is_empty() {
+        return Err("a path segment is empty".into());
+    }
+    if seg == "." || seg == ".." {
+        return Err(format!("`{seg}` is not allowed as a path segment"));
+    }
+    if let Some(c) = seg.chars().find(|&c| c == '\0' || refused(c)) {
+        return Err(format!("the character {c:?} is not allowed in a path"));
+    }
+    Ok(())
+}
+
+/// The create path for a contender with `uuid`: the server appends the
+/// sequence.
+pub(crate) fn node_prefix(dir: &str, uuid: &str) -> String {
+    format!("{dir}/{PROTECTED}{uuid}-{LOCK_NAME}")
+}
+
+/// A child of a lock directory that is a contender: its sequence number.
+/// Curator sorts by what follows `lock-`, so any node with it counts (a
+/// node of a Curator client without protection too).
+pub(crate) fn sequence_of(child: &str) -> Option<i64> {
+    let i = child.rfind(LOCK_NAME)?;
+    let digits = &child[i + LOCK_NAME.len()..];
+    if digits.len() < 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The contenders among `children`, lowest sequence first.
+pub(crate) fn queue(children: Vec<String>) -> Vec<(i64, String)> {
+    let mut q: Vec<(i64, String)> = children
+        .into_iter()
+        .filter_map(|c| sequence_of(&c).map(|s| (s, c)))
+        .collect();
+    q.sort();
+    q
+}
+
+/// Whether `child` was created by the attempt that used `uuid`.
+pub(crate) fn is_ours(child: &str, uuid: &str) -> bool {
+    child
+        .strip_prefix(PROTECTED)
+        .and_then(|r| r.strip_prefix(uuid))
+        .and_then(|r| r.strip_prefix('-'))
+        .is_some_and(|r| r.starts_with(LOCK_NAME))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use percent_encoding::percent_decode_str;
+
+    fn p(s: &str) -> String {
+        name_path(&LockName::new(s).unwrap())
+    }
+
+    #[test]
+    fn plain_names_keep_their_slashes() {
+        assert_eq!(p("job"), "job");
+        assert_eq!(p("reports/nightly"), "reports/nightly");
+        assert_eq!(p("ünï/ключ"), "ünï/ключ");
+    }
+
+    #[test]
+    fn what_zookeeper_refuses_is_escaped() {
+        assert_eq!(p("."), "%2E");
+        assert_eq!(p("a/../b"), "a/%2E%2E/b");
+        assert_eq!(p("100%"), "100%25");
+        assert_eq!(p("tab\there"), "tab%09here");
+        assert_eq!(p("/a"), "%2Fa");
+        assert_eq!(p("a//b"), "a%2F%2Fb");
+        assert_eq!(p("a/"), "a%2F");
+        assert_eq!(p("\u{e000}"), "%EE%80%80");
+        assert_eq!(p("🔒"), "%F0%9F%94%92");
+        for n in [
+            ".",
+            "a/../b",
+            "/a",
+            "a//b",
+            "x\u{7f}y",
+            "\u{fff0}",
+            "zookeeper",
+        ] {
+            for seg in p(n).split('/') {
+                validate_segment(seg).unwrap_or_else(|e| panic!("{n:?}: {e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn the_mapping_decodes_back_so_names_never_collide() {
+        let names = [
+            "a", "a/b", "a%2Fb", "a%252Fb", "/a", "%2Fa", ".", "%2E", "..", "a//b", "a/%2F/b",
+            "a/", "a%2F", "\t", "%09",
+        ];
+        let mut seen = std::collections::HashMap::new();
+        for n in names {
+            let path = p(n);
+            let back = percent_decode_str(&path).decode_utf8().unwrap();
+            assert_eq!(back, n, "{path}");
+            if let Some(other) = seen.insert(path.clone(), n) {
+                panic!("{n:?} and {other:?} both map to {path}");
+            }
+        }
+    }
+
+    #[test]
+    fn node_names_are_curators() {
+        let dir = "/polylock/job";
+        let u = "0f8e2a54-5d0b-4c44-9a55-3a7d3a0e0b2a";
+        let prefix = node_prefix(dir, u);
+        assert_eq!(prefix, format!("{dir}/_c_{u}-lock-"));
+        let child = format!("_c_{u}-lock-0000000042");
+        assert_eq!(sequence_of(&child), Some(42));
+        assert!(is_ours(&child, u));
+        assert!(!is_ours(&child, "0f8e2a54"));
+        assert_eq!(sequence_of("lock-0000000007"), Some(7));
+        assert_eq!(sequence_of("_c_x-lock-12"), None);
+        assert_eq!(sequence_of("subdir"), None);
+        let q = queue(vec![
+            "_c_b-lock-0000000010".into(),
+            "child".into(),
+            "_c_a-lock-0000000002".into(),
+        ]);
+        assert_eq!(
+            q.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+            [2, 10],
+            "sorted by sequence, others left out"
+        );
+    }
+}

@@ -1,0 +1,137 @@
+//! ZooKeeper sessions: one per lease length, watched for expiry.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_core::LockError;
+use tokio_util::sync::CancellationToken;
+use zookeeper_client::{Client, SessionState};
+
+use crate::config::ZkConfig;
+use crate::errors::{from_zk, timed, BACKEND};
+
+/// One ZooKeeper session and the signal that it ended.
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub(crate) client: Client,
+    /// Cancelled when the session expires, is closed or fails its
+    /// authentication: every lease of the session carries it.
+    pub(crate) ended: CancellationToken,
+}
+
+impl Session {
+    /// The session timeout the server negotiated: the TTL of its leases.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.client.session_timeout()
+    }
+
+    /// The session id, as ZooKeeper stores it in `ephemeralOwner`.
+    pub(crate) fn id(&self) -> i64 {
+        self.client.session_id().0
+    }
+
+    pub(crate) fn is_live(&self) -> bool {
+        !self.ended.is_cancelled() && !self.client.state().is_terminated()
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // Stops the state watcher task, which would otherwise wait forever
+        // on a client that no longer exists.
+        self.ended.cancel();
+    }
+}
+
+/// The sessions of one client, keyed by the timeout asked for in ms.
+#[derive(Debug, Default)]
+pub(crate) struct Sessions {
+    by_timeout: Mutex<HashMap<u64, Arc<Session>>>,
+    /// One connect at a time, so concurrent first locks share a session.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+impl Sessions {
+    /// The live session for `timeout`, connecting a new one when there is
+    /// none or the last one ended (a new session serves later locks).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a session connected by a dropped call is kept for the
+    /// next one.
+    pub(crate) async fn get(
+        &self,
+        config: &ZkConfig,
+        timeout: Duration,
+    ) -> Result<Arc<Session>, LockError> {
+        let key = timeout.as_millis() as u64;
+        if let Some(s) = self.live(key) {
+            return Ok(s);
+        }
+        let _one = self.connecting.lock().await;
+        if let Some(s) = self.live(key) {
+            return Ok(s);
+        }
+        let servers = config.connect_string();
+        let connect = Client::connector()
+            .with_session_timeout(timeout)
+            .connect(&servers);
+        // Connecting waits for a session, which may take up to its timeout
+        // while servers are unreachable.
+        let limit = config.op_timeout.max(timeout);
+        let client = timed("connect", limit, connect)
+            .await?
+            .map_err(|e| from_zk(&format!("connecting to {}", config.redacted_url()), e))?;
+        let session = Arc::new(Session {
+            ended: CancellationToken::new(),
+            client,
+        });
+        watch_state(&session);
+        self.by_timeout
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, session.clone());
+        Ok(session)
+    }
+
+    fn live(&self, key: u64) -> Option<Arc<Session>> {
+        let mut map = self.by_timeout.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get(&key) {
+            Some(s) if s.is_live() => Some(s.clone()),
+            Some(_) => {
+                map.remove(&key);
+                None
+            }
+            None => None,
+        }
+    }
+}
+
+/// Cancels `session.ended` when the session reaches a terminal state.
+/// Disconnected is not terminal: the leases then end at their local
+/// deadlines unless the session reconnects and renews them in time.
+fn watch_state(session: &Arc<Session>) {
+    let mut states = session.client.state_watcher();
+    let ended = session.ended.clone();
+    let weak = Arc::downgrade(session);
+    tokio::spawn(async move {
+        let mut state = states.state();
+        loop {
+            if state.is_terminated() {
+                tracing::warn!(backend = BACKEND, ?state, "ZooKeeper session ended");
+                ended.cancel();
+                return;
+            }
+            if state == SessionState::Disconnected {
+                tracing::debug!(backend = BACKEND, "ZooKeeper session disconnected");
+            }
+            tokio::select! {
+                s = states.changed() => state = s,
+                _ = ended.cancelled() => return,
+            }
+            if weak.strong_count() == 0 {
+                return;
+            }
+        }
+    });
+}

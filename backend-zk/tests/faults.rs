@@ -1,0 +1,246 @@
+//! Faults: a session expired behind a holder's back, a server paused past
+//! the session timeout, an ensemble member and the leader killed.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backend_zk::{fenced_set_data, ZkBackend};
+use lock_core::{LockBackend, Locker};
+use testkit::{Mode, Proxy, ZooKeeperEnsemble, ZooKeeperServer};
+use tokio::time::{sleep, timeout, Instant};
+
+fn locker(b: &Arc<ZkBackend>) -> Locker {
+    Locker::from_arc(b.clone() as Arc<dyn LockBackend>)
+}
+
+/// The holder's traffic is silenced past its session timeout, so the server
+/// expires its session: the holder reports the loss by its local deadline,
+/// before the other client gets in; the next holder's fenced write is
+/// accepted and the old holder's is refused; once the network is back the
+/// old lease is revoked at once (session Expired) and a new session serves
+/// the holder's later acquisitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_expiry_while_holding() {
+    let server = common::server();
+    let proxy = Proxy::start(server.addr()).expect("proxy");
+    let holder = Arc::new(
+        ZkBackend::connect(&format!("zk://{}", proxy.addr()))
+            .await
+            .expect("connect"),
+    );
+    let other = Arc::new(common::client().await);
+    let name = common::unique("expiry");
+    let ttl = Duration::from_secs(2);
+    let data = format!("/polylock-fenced-{}", rand::random::<u32>());
+
+    let guard = locker(&holder)
+        .lock(name.as_str())
+        .ttl(ttl)
+        .acquire()
+        .await
+        .expect("acquire");
+    let lease = guard.lease();
+    fenced_set_data(&holder, &lease, &data, b"holder")
+        .await
+        .expect("the holder writes while it holds");
+    // A second lease of the same session, held without a guard.
+    let second = common::try_take(&holder, &common::unique("expiry-second"), ttl)
+        .await
+        .expect("a second lock");
+    let waiter = tokio::spawn({
+        let other = other.clone();
+        let name = name.clone();
+        async move {
+            let g = locker(&other)
+                .lock(name.as_str())
+                .ttl(ttl)
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await
+                .expect("the other client acquires after the expiry");
+            (Instant::now(), g)
+        }
+    });
+    sleep(Duration::from_millis(300)).await;
+    // The holder's last renewal before the cut promises at least this.
+    let promised = guard.lease().deadline();
+    proxy.set_mode(Mode::Blackhole);
+    timeout(ttl * 2, guard.lost())
+        .await
+        .expect("the holder was not told of the loss by its deadline");
+    let lost_at = Instant::now();
+    assert!(
+        lost_at <= promised + Duration::from_millis(300),
+        "told {:?} after the deadline",
+        lost_at - promised
+    );
+    let (got_at, next) = timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("the other client never got the lock")
+        .expect("task");
+    assert!(
+        got_at >= lost_at,
+        "the other client got in before the holder was told"
+    );
+    assert!(
+        got_at >= promised,
+        "the lock was free {:?} before the holder's local deadline",
+        promised - got_at
+    );
+    assert!(next.fence() > lease.fence());
+    fenced_set_data(&other, &next.lease(), &data, b"next")
+        .await
+        .expect("the next holder writes");
+
+    proxy.set_mode(Mode::Pass);
+    let revoked = lease
+        .revocation()
+        .expect("leases carry the session's signal")
+        .clone();
+    timeout(Duration::from_secs(20), revoked.cancelled())
+        .await
+        .expect("the expired session did not revoke its lease");
+    assert!(
+        second.is_revoked(),
+        "every lease of the expired session is revoked, not only the guard's"
+    );
+    let r = holder.renew(&second).await;
+    assert!(
+        r.as_ref().is_err_and(|e| e.is_lost()),
+        "renew after expiry: {r:?}"
+    );
+    let r = fenced_set_data(&holder, &lease, &data, b"stale").await;
+    assert!(
+        r.as_ref().is_err_and(|e| e.is_lost()),
+        "stale fenced write: {r:?}"
+    );
+    let next_fence = next.fence();
+    next.release().await.expect("release");
+    let again = locker(&holder)
+        .lock(name.as_str())
+        .ttl(ttl)
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .expect("a new session serves the holder's next acquisition");
+    assert!(again.fence() > next_fence);
+    again.release().await.expect("release");
+    drop(guard);
+}
+
+/// The server frozen past the session timeout: the holder reports the loss
+/// at its local deadline, while the server is still frozen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_paused_past_the_session_timeout() {
+    let server = tokio::task::spawn_blocking(ZooKeeperServer::start)
+        .await
+        .unwrap()
+        .expect("start");
+    let url = format!("zk://{}", server.connect_string());
+    let holder = Arc::new(ZkBackend::connect(&url).await.expect("connect"));
+    let name = common::unique("paused");
+    let ttl = Duration::from_secs(2);
+    let guard = locker(&holder)
+        .lock(name.as_str())
+        .ttl(ttl)
+        .acquire()
+        .await
+        .expect("acquire");
+    let deadline = guard.lease().deadline();
+    server.pause().expect("pause");
+    let r = timeout(ttl * 2, guard.lost()).await;
+    let lost_at = Instant::now();
+    server.resume().expect("resume");
+    r.expect("no loss reported while the server was frozen");
+    assert!(
+        lost_at <= deadline + ttl,
+        "told {:?} after the local deadline",
+        lost_at.saturating_duration_since(deadline)
+    );
+    // Whatever the server decides after it wakes, the lock is usable again.
+    let other = Arc::new(ZkBackend::connect(&url).await.expect("connect"));
+    let g = locker(&other)
+        .lock(name.as_str())
+        .ttl(ttl)
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("acquire after the pause");
+    g.release().await.expect("release");
+}
+
+/// In a three-server ensemble, the holder keeps its lock while a follower
+/// and then the leader are killed (its session moves to a live server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_keeps_the_lock_when_a_member_or_the_leader_dies() {
+    let zk = tokio::task::spawn_blocking(|| ZooKeeperEnsemble::start(3))
+        .await
+        .unwrap()
+        .expect("start the ensemble");
+    let url = format!("zk://{}", zk.connect_string());
+    let holder = Arc::new(ZkBackend::connect(&url).await.expect("connect"));
+    let other = Arc::new(ZkBackend::connect(&url).await.expect("connect"));
+    let name = common::unique("ensemble");
+    // The longest session the test kit's servers grant (20 ticks).
+    let ttl = Duration::from_secs(10);
+    let guard = locker(&holder)
+        .lock(name.as_str())
+        .ttl(ttl)
+        .acquire()
+        .await
+        .expect("acquire");
+    let fence = guard.fence();
+
+    let members = zk.members();
+    let follower = members
+        .iter()
+        .find(|m| m.mode().is_ok_and(|x| x == "follower"))
+        .expect("a follower");
+    follower.kill().expect("kill a follower");
+    sleep(Duration::from_secs(3)).await;
+    assert!(
+        guard.is_held(),
+        "the holder lost its lock when a follower died"
+    );
+    let r = locker(&other)
+        .lock(name.as_str())
+        .ttl(ttl)
+        .try_acquire()
+        .await;
+    assert!(
+        matches!(r, Ok(None)) || r.as_ref().is_err_and(|e| e.is_retryable()),
+        "the lock was free with a follower down: {r:?}"
+    );
+    tokio::task::block_in_place(|| follower.restart()).expect("restart the follower");
+
+    let leader = zk.leader().expect("a leader");
+    leader.kill().expect("kill the leader");
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while zk.leader().is_none() {
+        assert!(Instant::now() < give_up, "no new leader");
+        sleep(Duration::from_millis(200)).await;
+    }
+    // Some renewals after the new leader took over.
+    sleep(ttl / 2).await;
+    assert!(
+        guard.is_held(),
+        "the holder lost its lock when the leader died"
+    );
+    let info = other
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .expect("still held");
+    assert_eq!(
+        info.fence,
+        Some(fence),
+        "another holder after the leader change"
+    );
+    guard
+        .release()
+        .await
+        .expect("release after the leader change");
+    tokio::task::block_in_place(|| leader.restart()).expect("restart the old leader");
+}

@@ -1,0 +1,104 @@
+//! ZooKeeper spawned by the test kit: a standalone server, and a
+//! three-server ensemble whose clients know all three.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use backend_zk::ZkBackend;
+use lock_core::{Guarantees, LockBackend, LockError};
+use testkit::{Mode, Proxy, ZooKeeperEnsemble, ZooKeeperServer};
+
+use super::Registration;
+use crate::fixture::Fixture;
+
+/// What keeps the servers alive for the whole run.
+enum Keep {
+    Single(Box<ZooKeeperServer>),
+    Ensemble(ZooKeeperEnsemble),
+}
+
+/// One ZooKeeper service; every client is a new `ZkBackend` (its own
+/// sessions).
+struct ZkFixture {
+    url: String,
+    keep: Keep,
+    /// Proxies of delayed clients, alive as long as the fixture.
+    proxies: Mutex<Vec<Proxy>>,
+}
+
+#[async_trait]
+impl Fixture for ZkFixture {
+    fn guarantees(&self) -> Guarantees {
+        backend_zk::guarantees()
+    }
+
+    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
+        Ok(Arc::new(ZkBackend::connect(&self.url).await?))
+    }
+
+    async fn restart_server(&self) -> Result<bool, String> {
+        tokio::task::block_in_place(|| match &self.keep {
+            Keep::Single(server) => server.restart(),
+            // One member at a time, so the ensemble keeps its quorum.
+            Keep::Ensemble(ensemble) => ensemble.members().iter().try_for_each(|m| m.restart()),
+        })
+        .map_err(|e| e.to_string())?;
+        Ok(true)
+    }
+
+    async fn client_with_reply_delay(
+        &self,
+        delay: Duration,
+    ) -> Result<Option<Arc<dyn LockBackend>>, LockError> {
+        let Keep::Single(server) = &self.keep else {
+            // The deadline arithmetic does not depend on the ensemble; one
+            // server covers it.
+            return Ok(None);
+        };
+        let proxy = Proxy::start(server.addr()).map_err(|e| LockError::Config(e.to_string()))?;
+        proxy.set_mode(Mode::Delay(delay));
+        let url = format!("zk://{}", proxy.addr());
+        self.proxies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(proxy);
+        Ok(Some(Arc::new(ZkBackend::connect(&url).await?)))
+    }
+}
+
+/// A standalone server.
+pub(super) fn single() -> Registration {
+    Registration {
+        label: "zk",
+        guarantees: backend_zk::guarantees,
+        setup: single_setup,
+    }
+}
+
+/// Three servers; clients know all three.
+pub(super) fn ensemble() -> Registration {
+    Registration {
+        label: "zk-ensemble",
+        guarantees: backend_zk::guarantees,
+        setup: ensemble_setup,
+    }
+}
+
+fn single_setup() -> Result<Arc<dyn Fixture>, String> {
+    let server = ZooKeeperServer::start().map_err(|e| e.to_string())?;
+    Ok(Arc::new(ZkFixture {
+        url: format!("zk://{}", server.connect_string()),
+        keep: Keep::Single(Box::new(server)),
+        proxies: Mutex::default(),
+    }))
+}
+
+fn ensemble_setup() -> Result<Arc<dyn Fixture>, String> {
+    let ensemble = ZooKeeperEnsemble::start(3).map_err(|e| e.to_string())?;
+    Ok(Arc::new(ZkFixture {
+        url: format!("zk://{}", ensemble.connect_string()),
+        keep: Keep::Ensemble(ensemble),
+        proxies: Mutex::default(),
+    }))
+}
