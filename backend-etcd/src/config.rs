@@ -39,7 +39,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lock_core::url::{LockUrl, UrlHost};
+use lock_core::url::LockUrl;
 use lock_core::LockError;
 
 /// The port used when an endpoint names none.
@@ -125,7 +125,7 @@ impl EtcdConfig {
         let endpoints = u
             .hosts()
             .iter()
-            .map(endpoint)
+            .map(|h| h.endpoint(DEFAULT_PORT))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| u.error(e))?;
 
@@ -225,26 +225,6 @@ impl EtcdConfig {
             .map(|e| format!("{scheme}://{e}"))
             .collect()
     }
-}
-
-/// `host:port` (IPv6 in brackets) of one endpoint, with the default port
-/// filled in. etcd endpoints are host names or addresses only.
-fn endpoint(h: &UrlHost) -> Result<String, String> {
-    let v6 = h.host.contains(':');
-    if !v6
-        && !h
-            .host
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
-    {
-        return Err(format!("`{}` is not a host name or address", h.host));
-    }
-    let port = h.port.unwrap_or(DEFAULT_PORT);
-    Ok(if v6 {
-        format!("[{}]:{port}", h.host)
-    } else {
-        format!("{}:{port}", h.host)
-    })
 }
 
 #[cfg(test)]

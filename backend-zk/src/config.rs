@@ -29,8 +29,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::options::{host_port, positive_duration};
-use lock_core::{redact_url, LockError};
+use lock_core::url::LockUrl;
+use lock_core::LockError;
 use percent_encoding::percent_decode_str;
 
 use crate::path::validate_segment;
@@ -81,35 +81,21 @@ impl ZkConfig {
     /// Parses a `zk://` URL. Every mistake is a [`LockError::Config`] naming
     /// the (redacted) URL and what is wrong, raised before any I/O.
     pub fn parse(url: &str) -> Result<Self, LockError> {
-        let redacted = redact_url(url);
-        let bad = |why: String| LockError::Config(format!("`{redacted}`: {why}"));
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("expected zk://HOST[:PORT][,HOST[:PORT]...]".into()))?;
-        if !scheme.eq_ignore_ascii_case("zk") {
-            return Err(bad(format!("the scheme must be zk, not `{scheme}`")));
+        let u = LockUrl::parse(url, "zk://HOST[:PORT][,HOST[:PORT]...]")?;
+        if u.scheme() != "zk" {
+            return Err(u.error(format_args!("the scheme must be zk, not `{}`", u.scheme())));
         }
-        if rest.contains('#') {
-            return Err(bad("a fragment (#...) has no meaning here".into()));
+        if u.username().is_some() {
+            return Err(u.error("credentials in the URL are not supported by the zk scheme"));
         }
-        let (before_query, query) = match rest.split_once('?') {
-            Some((b, q)) => (b, Some(q)),
-            None => (rest, None),
-        };
-        let (hosts, chroot) = match before_query.find('/') {
-            Some(slash) => (&before_query[..slash], &before_query[slash..]),
-            None => (before_query, ""),
-        };
-        if hosts.contains('@') {
-            return Err(bad(
-                "credentials in the URL are not supported by the zk scheme".into(),
-            ));
-        }
-        let servers = hosts
-            .split(',')
-            .map(|h| host_port(h, DEFAULT_PORT))
+        let bad = |why: String| u.error(why);
+        let servers = u
+            .hosts()
+            .iter()
+            .map(|h| h.endpoint(DEFAULT_PORT))
             .collect::<Result<Vec<_>, _>>()
             .map_err(bad)?;
+        let chroot = u.path();
         let chroot = chroot.trim_end_matches('/');
         let chroot = if chroot.is_empty() {
             String::new()
@@ -124,15 +110,8 @@ impl ZkConfig {
         let mut prefix = DEFAULT_PREFIX.to_string();
         let mut session_timeout = None;
         let mut op_timeout = DEFAULT_OP_TIMEOUT;
-        let mut seen = Vec::new();
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = decode(value).map_err(|e| bad(format!("option `{key}` {e}")))?;
-            if seen.contains(&key) {
-                return Err(bad(format!("option `{key}` is given twice")));
-            }
-            seen.push(key);
-            let opt = |why: String| bad(format!("option `{key}`: {why}"));
+        for (key, value) in u.options() {
+            let opt = |why: String| u.option_error(key, why);
             match key {
                 "prefix" => {
                     let p = value.trim_matches('/');
@@ -147,17 +126,12 @@ impl ZkConfig {
                     }
                     prefix = p.to_string();
                 }
-                "session_timeout" => {
-                    session_timeout = Some(positive_duration(&value).map_err(opt)?)
-                }
-                "op_timeout" => op_timeout = positive_duration(&value).map_err(opt)?,
-                other => {
-                    return Err(bad(format!(
-                        "unknown option `{other}` (known: prefix, session_timeout, op_timeout)"
-                    )))
-                }
+                "session_timeout" => session_timeout = Some(u.positive_duration(key, value)?),
+                "op_timeout" => op_timeout = u.positive_duration(key, value)?,
+                other => return Err(u.unknown_option(other, "prefix, session_timeout, op_timeout")),
             }
         }
+        let redacted = u.redacted().to_string();
         Ok(ZkConfig {
             servers,
             chroot,

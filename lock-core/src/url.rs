@@ -21,6 +21,33 @@ pub struct UrlHost {
     pub port: Option<u16>,
 }
 
+impl UrlHost {
+    /// `host:port` (an IPv6 address in brackets) with `default_port` filled
+    /// in, for services whose endpoints are plain host names or addresses
+    /// (letters, digits, `-`, `.`, `_`; IPv6 hex digits, `:` and `.`).
+    pub fn endpoint(&self, default_port: u16) -> Result<String, String> {
+        let v6 = self.host.contains(':');
+        let valid = if v6 {
+            self.host
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+        } else {
+            self.host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+        };
+        if !valid {
+            return Err(format!("`{}` is not a host name or address", self.host));
+        }
+        let port = self.port.unwrap_or(default_port);
+        Ok(if v6 {
+            format!("[{}]:{port}", self.host)
+        } else {
+            format!("{}:{port}", self.host)
+        })
+    }
+}
+
 /// A lock URL split into its shared parts.
 ///
 /// ```
@@ -203,7 +230,8 @@ fn decode(s: &str) -> Option<String> {
 fn parse_host(host: &str) -> Result<UrlHost, String> {
     if host.is_empty() {
         return Err(
-            "an endpoint is empty: a host is missing (expected HOST[:PORT], comma-separated)"
+            "a host is missing: a server is empty (an endpoint is empty; expected HOST[:PORT], \
+             comma-separated)"
                 .into(),
         );
     }
@@ -220,7 +248,8 @@ fn parse_host(host: &str) -> Result<UrlHost, String> {
         };
         (addr.to_string(), port)
     } else {
-        match host.rsplit_once(':') {
+        // An IPv6 address needs brackets, so the first ':' starts the port.
+        match host.split_once(':') {
             Some((h, p)) => (h.to_string(), Some(p)),
             None => (host.to_string(), None),
         }
@@ -299,6 +328,41 @@ mod tests {
         }
     }
 
+    /// One host of a URL as a service endpoint, or why not.
+    fn host_port(s: &str, default_port: u16) -> Result<String, String> {
+        let u = LockUrl::parse(&format!("x://{s}"), "x://").map_err(|e| e.to_string())?;
+        u.hosts()[0].endpoint(default_port)
+    }
+
+    #[test]
+    fn host_ports() {
+        assert_eq!(host_port("a", 1).unwrap(), "a:1");
+        assert_eq!(host_port("a.b-c_d:99", 1).unwrap(), "a.b-c_d:99");
+        assert_eq!(host_port("[::1]", 5).unwrap(), "[::1]:5");
+        assert_eq!(host_port("[fe80::1]:6", 5).unwrap(), "[fe80::1]:6");
+        for bad in [
+            "", ":1", "a:0", "a:99999", "a:x", "a b", "[::1", "[]", "[::1]x", "[x y]", "a:1:2",
+        ] {
+            assert!(host_port(bad, 1).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn endpoints_are_plain_hosts_with_a_port() {
+        let u = LockUrl::parse("etcd://a.b-c_1,[::1]:7,h:9", "etcd://").unwrap();
+        let e: Vec<_> = u.hosts().iter().map(|h| h.endpoint(2379)).collect();
+        assert_eq!(
+            e,
+            vec![
+                Ok("a.b-c_1:2379".to_string()),
+                Ok("[::1]:7".to_string()),
+                Ok("h:9".to_string())
+            ]
+        );
+        let u = LockUrl::parse("etcd://h%21x", "etcd://").unwrap();
+        assert!(u.hosts()[0].endpoint(1).is_err());
+    }
+
     #[test]
     fn refuses_what_no_backend_accepts() {
         assert!(err("redis:/h").contains("SCHEME://"));
@@ -308,6 +372,7 @@ mod tests {
         assert!(err("redis://h:70000").contains("port"));
         assert!(err("redis://[::1").contains("bracket"));
         assert!(err("redis://a,,b").contains("missing"));
+        assert!(err("zk://h:1:2").contains("not a port"));
         assert!(err("redis://u:%ff@h").contains("password"));
         assert!(!err("redis://u:s3cr%ff@h").contains("s3cr"));
     }
