@@ -340,3 +340,43 @@ fn status_shows_only_a_prefix_of_the_owner_token() {
     assert_eq!(hex.len(), 8, "show 8 hex digits of the owner: {line}");
     assert_eq!(owner, format!("{hex}…"), "{line}");
 }
+
+/// `polylock compare` and `polylock bench` hand their arguments to the
+/// `polylock-compare` / `polylock-bench` binaries installed beside polylock,
+/// and say how to build them when they are not there.
+#[test]
+fn compare_and_bench_run_the_tool_installed_beside_polylock() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("polylock");
+    std::fs::copy(env!("CARGO_BIN_EXE_polylock"), &exe).unwrap();
+    let missing = run_ok(
+        Command::new(&exe)
+            .args(["bench", "--quick"])
+            .env("PATH", dir.path()),
+    );
+    assert_eq!(missing.status.code(), Some(127), "{missing:?}");
+    let err = text(&missing.stderr);
+    assert!(
+        err.contains("polylock-bench") && err.contains("cargo"),
+        "{err}"
+    );
+
+    let tool = dir.path().join("polylock-compare");
+    std::fs::write(&tool, "#!/bin/sh\necho \"compare got: $*\"\nexit 3\n").unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = run_ok(
+        Command::new(&exe)
+            .args(["compare", "--quick", "--backends", "sqlite,redis"])
+            .env("PATH", "/nonexistent"),
+    );
+    assert_eq!(
+        text(&out.stdout),
+        "compare got: --quick --backends sqlite,redis\n"
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the tool's exit code is polylock's"
+    );
+}

@@ -16,6 +16,9 @@
 //! [`Error::MissingBinary`], naming the binary and the Debian package that
 //! `scripts/install-deps.sh` installs.
 //!
+//! [`register::Register`] is the fenced register the fault suite and the
+//! migration drill check mutual exclusion with, outside every client.
+//!
 //! [`Proxy`] sits between a client and a server to delay, blackhole or reset
 //! the traffic.
 
@@ -28,6 +31,7 @@ mod process;
 mod proxy;
 mod redis;
 mod redis_cluster;
+pub mod register;
 mod zookeeper;
 
 pub use error::{Error, Result};

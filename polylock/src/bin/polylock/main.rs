@@ -12,6 +12,7 @@ mod admin;
 mod child;
 mod duration;
 mod exit;
+mod external;
 mod run;
 
 /// Where locks live when neither --url nor POLYLOCK_URL says: a SQLite file
@@ -158,6 +159,20 @@ deadline; if the lock is found lost, it is killed at once.
         /// Required: confirms you accept breaking mutual exclusion.
         #[arg(long)]
         force: bool,
+    },
+    /// Run the fault suite and write the observed guarantee table (runs polylock-compare).
+    #[command(disable_help_flag = true)]
+    Compare {
+        /// Arguments for polylock-compare (`polylock compare --help` lists them).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
+    /// Measure each backend against its raw server round trip (runs polylock-bench).
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// Arguments for polylock-bench (`polylock bench --help` lists them).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
     },
 }
 
@@ -341,6 +356,8 @@ async fn connect(url: &str) -> Result<Locker, Failure> {
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     let url = cli.url.unwrap_or_else(|| DEFAULT_URL.to_string());
     match cli.command {
+        Command::Compare { args } => Err(external::exec("compare", &args)),
+        Command::Bench { args } => Err(external::exec("bench", &args)),
         Command::Run {
             lock,
             grace,
