@@ -91,3 +91,6 @@ pub use config::{SqlConfig, DEFAULT_FENCE_TABLE, DEFAULT_TABLE, MAX_TABLE_NAME};
 pub use dialect::{guarantees, Dialect};
 pub use errors::SqlError;
 pub use fence::{placeholder, FenceOutcome, FencedWrite, SqlValue};
+
+/// The URL schemes this backend serves.
+pub const URL_SCHEMES: &[&str] = &["sqlite", "postgres", "postgresql", "mysql", "mariadb"];
