@@ -17,8 +17,8 @@
 //! - `timeout=DURATION`: how long one command may go unanswered before the
 //!   connection is considered dead and replaced; default 2s.
 //!
-//! Durations read as everywhere in polylock (`lock_core::options`): `250ms`,
-//! `2s`, `1m`, or a bare number of milliseconds.
+//! Durations follow [`lock_core::duration`]: `250ms`, `1.5s`, `2m`, `1h`,
+//! `1m30s`; a bare number is milliseconds.
 //! - `tls_ca=PATH` (`rediss://` only): a PEM file of the CA certificates to
 //!   trust instead of the system's.
 
@@ -412,7 +412,7 @@ mod tests {
         assert!(err("redis://h?format=redisson&prefix=a").contains("redisson"));
         assert!(err("redis://h?wait_timeout=5").contains("wait_replicas"));
         assert!(err("redis://h?timeout=0").contains("above zero"));
-        assert!(err("redis://h?timeout=2h").contains("unknown unit"));
+        assert!(err("redis://h?timeout=2d").contains("unknown unit"));
         assert!(err("redis://h?tls_ca=/x").contains("rediss"));
         assert!(err("redis://h?timeout=1&timeout=2").contains("twice"));
         assert!(err("http://h").contains("unknown scheme"));

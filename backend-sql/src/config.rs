@@ -21,8 +21,8 @@
 //! | `op_timeout`      | 10s                          | time for one lock operation, then a retryable error |
 //! | `busy_timeout`    | 5s                           | SQLite only: wait for the file's write lock |
 //!
-//! Durations are `250ms`, `2s`, `1m`, `500us`, or a bare number of
-//! milliseconds. Table names are lowercase SQL identifiers
+//! Durations follow [`lock_core::duration`]: `250ms`, `1.5s`, `2m`, `1h`,
+//! `1m30s`; a bare number is milliseconds. Table names are lowercase SQL identifiers
 //! (`[a-z_][a-z0-9_]*`, at most 48 characters), checked here, before any I/O.
 
 use std::fmt;

@@ -8,9 +8,12 @@
 
 use std::time::Duration;
 
+use crate::duration::{self, BareNumber};
 use crate::error::LockError;
-use crate::options::{parse_duration, positive_duration};
 use crate::redact::redact_url;
+
+/// The longest duration a URL option may hold.
+const MAX_OPTION: Duration = Duration::from_secs(24 * 3600);
 
 /// One `host[:port]` of a host list; IPv6 addresses in brackets.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -282,15 +285,31 @@ impl LockUrl {
         ))
     }
 
-    /// The value of duration `option`, parsed by the one option grammar
-    /// ([`parse_duration`]).
+    /// The value of duration `option`, read by the one grammar
+    /// ([`duration::parse`]) with a bare number in milliseconds; at most a
+    /// day.
     pub fn duration(&self, option: &str, value: &str) -> Result<Duration, LockError> {
-        parse_duration(value).map_err(|e| self.option_error(option, e))
+        let d = duration::parse(value, BareNumber::Millis).map_err(|e| match e {
+            LockError::Config(why) => self.option_error(option, why),
+            other => other,
+        })?;
+        if d > MAX_OPTION {
+            return Err(self.option_error(
+                option,
+                format_args!("`{}` is longer than a day", value.trim()),
+            ));
+        }
+        Ok(d)
     }
 
-    /// As [`duration`](LockUrl::duration), refusing zero.
+    /// As [`duration`](LockUrl::duration), refusing zero (timeouts and
+    /// intervals).
     pub fn positive_duration(&self, option: &str, value: &str) -> Result<Duration, LockError> {
-        positive_duration(value).map_err(|e| self.option_error(option, e))
+        let d = self.duration(option, value)?;
+        if d.is_zero() {
+            return Err(self.option_error(option, "must be above zero"));
+        }
+        Ok(d)
     }
 }
 
@@ -512,6 +531,26 @@ mod tests {
         );
         assert_eq!(u.driver_url(|_| false), "mysql://u:p%40w@h/db");
         assert!(!format!("{u:?}").contains("p%40w"));
+    }
+
+    #[test]
+    fn duration_options() {
+        let u = LockUrl::parse("x://h?t=1", "x://").unwrap();
+        let ok = |v: &str| u.duration("t", v).unwrap();
+        let err = |v: &str| match u.positive_duration("t", v) {
+            Err(LockError::Config(m)) => m,
+            other => panic!("{v}: {other:?}"),
+        };
+        assert_eq!(ok("250ms"), Duration::from_millis(250));
+        assert_eq!(ok("40"), Duration::from_millis(40));
+        assert_eq!(ok("1.5s"), Duration::from_millis(1500));
+        assert_eq!(ok("1h"), Duration::from_secs(3600));
+        assert_eq!(ok("24h"), Duration::from_secs(86400));
+        assert!(err("24h1ms").contains("longer than a day"));
+        assert!(err("99999m").contains("longer than a day"));
+        assert!(err("0").contains("above zero"));
+        assert!(err("2d").contains("option `t`: unknown unit"));
+        assert!(err("-1s").contains("`x://h?t=1`: option `t`"));
     }
 
     #[test]

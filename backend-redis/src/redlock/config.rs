@@ -7,7 +7,7 @@
 //! At least three hosts, each an independent Redis master (not replicas of
 //! one another, not one cluster); every host gets the same credentials and
 //! database. Options (query parameters, durations as everywhere in
-//! polylock, see `lock_core::options`):
+//! polylock, see [`lock_core::duration`]; a bare number is milliseconds):
 //! - `timeout=DURATION`: how long one node may take to answer one request
 //!   before it counts as failed for that request; default 100ms. Keep it
 //!   small against the TTL: a request waits for every node up to this long.
