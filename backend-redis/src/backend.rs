@@ -13,7 +13,7 @@ use lock_core::{
 };
 use tokio::time::Instant;
 
-use crate::config::{Format, RedisConfig};
+use crate::config::{Algorithm, Format, RedisConfig};
 use crate::conn::{client_for, Link};
 use crate::errors::{connect_error, to_lock_error, Fail, RedisFailure, BACKEND};
 use crate::format::{all_scripts, Layout, LockKeys, FORCE_RELEASE, RELEASE_MESSAGE};
@@ -39,8 +39,9 @@ const FOREIGN_POLL_BACKOFF: Backoff = Backoff {
     max: Duration::from_millis(100),
 };
 
-/// What a Redis lock backend promises, whatever server it talks to.
+/// What a Redis lock backend promises for `algorithm`.
 ///
+/// [`Algorithm::SingleInstance`], whatever server it talks to:
 /// - fencing: [`FencingGuarantee::UnlessDataLoss`] ([`FENCING_CAVEAT`]).
 /// - expiry by the server's clock (`PX`, `PEXPIRE`).
 /// - `survives_restart: false`: Redis acknowledges a write before it is on
@@ -51,7 +52,22 @@ const FOREIGN_POLL_BACKOFF: Backoff = Backoff {
 /// - `survives_failover: false`: replication is asynchronous; `WAIT`
 ///   (`wait_replicas=`) narrows the window but does not close it.
 /// - waiters wake on pub/sub messages; `force_release` is supported.
-pub fn guarantees() -> Guarantees {
+///
+/// [`Algorithm::Redlock`]:
+/// - fencing: [`FencingGuarantee::UnlessDataLoss`]
+///   ([`REDLOCK_FENCING_CAVEAT`](crate::REDLOCK_FENCING_CAVEAT)).
+/// - expiry by each node's clock (`PX`).
+/// - `survives_restart: false`: a node that restarts without its data (or
+///   a majority of them) can admit a second holder; the backend cannot know
+///   how the nodes persist.
+/// - waiters poll with a jittered delay (Redlock has no release message
+///   that reaches every node's waiters at once).
+/// - TTLs of at least [`REDLOCK_MIN_TTL`](crate::REDLOCK_MIN_TTL), in milliseconds;
+///   `force_release` removes the lock on every node.
+pub fn guarantees(algorithm: Algorithm) -> Guarantees {
+    if algorithm == Algorithm::Redlock {
+        return crate::redlock::guarantees();
+    }
     let mut g = Guarantees::new(BACKEND);
     g.fencing = FencingGuarantee::UnlessDataLoss(FENCING_CAVEAT);
     g.fair_fifo = false;
@@ -148,7 +164,7 @@ impl<'a> Unanswered<'a> {
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("url", &self.inner.config.url())
+            .field("url", &self.inner.config.redacted_url())
             .field("format", &self.inner.config.format())
             .field("cluster", &self.inner.config.is_cluster())
             .field("foreign_wake", &self.inner.foreign_wake)
@@ -167,12 +183,12 @@ enum Attempt {
 }
 
 impl RedisBackend {
-    /// Parses `url` (see [`RedisConfig::from_url`]) and connects.
+    /// Parses `url` (see [`RedisConfig::parse`]) and connects.
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped connect leaves nothing behind.
     pub async fn connect(url: &str) -> Result<RedisBackend, LockError> {
-        Self::connect_with(RedisConfig::from_url(url)?).await
+        Self::connect_with(RedisConfig::parse(url)?).await
     }
 
     /// Connects with a parsed configuration: checks that the server answers
@@ -201,7 +217,7 @@ impl RedisBackend {
         };
         let foreign_wake = ForeignWake::detect(&config, &link).await;
         tracing::info!(
-            url = %config.url(),
+            url = %config.redacted_url(),
             format = %config.format(),
             foreign_wake = %foreign_wake,
             "polylock redis: connected; {}",
@@ -635,7 +651,7 @@ impl LockBackend for RedisBackend {
     }
 
     fn guarantees(&self) -> Guarantees {
-        guarantees()
+        guarantees(Algorithm::SingleInstance)
     }
 }
 

@@ -28,6 +28,9 @@ pub enum Dialect {
 }
 
 impl Dialect {
+    /// Every dialect, for tables and tests.
+    pub const ALL: [Dialect; 3] = [Dialect::Sqlite, Dialect::Postgres, Dialect::MySql];
+
     /// The backend name used in errors, guarantees and URLs.
     pub fn backend_name(self) -> &'static str {
         match self {

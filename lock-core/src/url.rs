@@ -251,6 +251,36 @@ impl LockUrl {
         self.options.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
+    /// The options in the order given, each alias (`(alias, name)` pairs)
+    /// read as its option's name, so old spellings keep working; one option
+    /// under two spellings is an option given twice.
+    ///
+    /// ```
+    /// use lock_core::url::LockUrl;
+    /// let u = LockUrl::parse("redis://h?timeout=1s", "redis://").unwrap();
+    /// let o = u.options_with_aliases(&[("timeout", "op_timeout")]).unwrap();
+    /// assert_eq!(o, vec![("op_timeout", "1s")]);
+    /// let u = LockUrl::parse("redis://h?timeout=1s&op_timeout=2s", "redis://").unwrap();
+    /// assert!(u.options_with_aliases(&[("timeout", "op_timeout")]).is_err());
+    /// ```
+    pub fn options_with_aliases<'a>(
+        &'a self,
+        aliases: &[(&str, &'a str)],
+    ) -> Result<Vec<(&'a str, &'a str)>, LockError> {
+        let mut out: Vec<(&str, &str)> = Vec::new();
+        for (key, value) in self.options() {
+            let name = aliases
+                .iter()
+                .find(|(alias, _)| *alias == key)
+                .map_or(key, |(_, name)| *name);
+            if out.iter().any(|(k, _)| *k == name) {
+                return Err(self.error(format_args!("option `{name}` is given twice")));
+            }
+            out.push((name, value));
+        }
+        Ok(out)
+    }
+
     /// The URL as given, password included, keeping only the options for
     /// which `keep(name)` is true, each exactly as written: for handing the
     /// driver's own options (`sslmode=...`) to the driver. Never log it.
