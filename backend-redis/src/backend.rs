@@ -386,46 +386,6 @@ pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
     u64::try_from(ms).unwrap_or(u64::MAX).max(1)
 }
 
-/// `acquire_loop` drives a backend's `try_acquire`; this one also records
-/// when the current holder's lease ends, for the wake-up to sleep no longer
-/// than that.
-#[derive(Debug)]
-struct Attempts {
-    backend: RedisBackend,
-    expiry: Arc<Mutex<Option<Instant>>>,
-}
-
-#[async_trait]
-impl LockBackend for Attempts {
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
-        let attempt = self.backend.attempt(req).await;
-        let expiry = match &attempt {
-            // +1 ms: the server expires strictly after the TTL.
-            Ok(Attempt::Held {
-                expires_in: Some(d),
-            }) => Instant::now().checked_add(*d + Duration::from_millis(1)),
-            _ => None,
-        };
-        *self.expiry.lock().unwrap_or_else(|p| p.into_inner()) = expiry;
-        attempt.map(|a| match a {
-            Attempt::Acquired(lease) => Some(lease),
-            Attempt::Held { .. } => None,
-        })
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.backend.renew(lease).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        self.backend.release(lease).await
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
-        self.backend.inspect(name).await
-    }
-    fn guarantees(&self) -> Guarantees {
-        self.backend.guarantees()
-    }
-}
-
 #[async_trait]
 impl LockBackend for RedisBackend {
     /// One script run: `SET NX PX` + the counter bump (plain) or the
@@ -457,15 +417,28 @@ impl LockBackend for RedisBackend {
     /// waiter of this client needs it). Dropping it during an attempt is
     /// like dropping [`try_acquire`](LockBackend::try_acquire).
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
-        let started = Instant::now();
         let deadline = req.wait_deadline();
+        // When the current holder's lease ends, learned by each attempt, so
+        // the wake-up sleeps no longer than that.
         let expiry = Arc::new(Mutex::new(None));
-        let attempts = Attempts {
-            backend: self.clone(),
-            expiry: Arc::clone(&expiry),
+        let expiry_ref = &expiry;
+        let attempt = move || async move {
+            let attempt = self.attempt(req).await;
+            let ends = match &attempt {
+                // +1 ms: the server expires strictly after the TTL.
+                Ok(Attempt::Held {
+                    expires_in: Some(d),
+                }) => Instant::now().checked_add(*d + Duration::from_millis(1)),
+                _ => None,
+            };
+            *expiry_ref.lock().unwrap_or_else(|p| p.into_inner()) = ends;
+            attempt.map(|a| match a {
+                Attempt::Acquired(lease) => Some(lease),
+                Attempt::Held { .. } => None,
+            })
         };
         // An uncontended lock costs one round trip and no subscription.
-        match attempts.try_acquire(req).await {
+        match attempt().await {
             Ok(Some(lease)) => return Ok(Some(lease)),
             Ok(None) if req.wait.is_zero() => return Ok(None),
             Err(e) if !e.is_retryable() || req.wait.is_zero() => return Err(e),
@@ -485,8 +458,6 @@ impl LockBackend for RedisBackend {
         }
         // The subscription is live from here on, so the loop's first attempt
         // (made now) cannot miss a release that came after the one above.
-        let mut rest = req.clone();
-        rest.wait = req.wait.saturating_sub(started.elapsed());
         let backoff = if !subscribed {
             tracing::debug!(name = %req.name, "polylock redis: no pub/sub; waiting by polling");
             Backoff::default()
@@ -495,7 +466,7 @@ impl LockBackend for RedisBackend {
         } else {
             SUBSCRIBED_BACKOFF
         };
-        acquire_loop(&attempts, &rest, backoff, || wake_up(&subs, &expiry)).await
+        acquire_loop(attempt, deadline, backoff, || wake_up(&subs, &expiry)).await
     }
 
     /// Compare-owner-and-`PEXPIRE`, by script.

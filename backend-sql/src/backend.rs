@@ -610,7 +610,13 @@ impl LockBackend for SqlBackend {
                 // covers the gap, so do not wait long for it.
                 hub.ensure_listening(req.wait.min(LISTEN_READY_WAIT)).await;
                 let name: Arc<str> = Arc::from(req.name.as_str());
-                wait::acquire_loop(self, req, backoff, || hub.arm(&name)).await
+                wait::acquire_loop(
+                    || self.try_acquire(req),
+                    req.wait_deadline(),
+                    backoff,
+                    || hub.arm(&name),
+                )
+                .await
             }
         }
     }
