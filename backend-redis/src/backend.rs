@@ -299,7 +299,7 @@ impl RedisBackend {
     /// One acquire attempt, keeping what a waiter needs to know.
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt, LockError> {
         let keys = self.keys(&req.name)?;
-        let ttl_ms = ttl_millis(req.ttl);
+        let (ttl, ttl_ms) = self.guarantees().granted_ttl(req.ttl, PX_UNIT);
         let scripts = self.inner.layout.scripts();
         let holder = self.inner.layout.holder(req.owner);
         let (pending, recover) =
@@ -338,7 +338,7 @@ impl RedisBackend {
                     )),
                 )
             })?;
-        let lease = req.lease(fence, Duration::from_millis(ttl_ms), sent_at);
+        let lease = req.lease(fence, ttl, sent_at);
         if let (Some(acked), Some(replicas)) = (acked, self.inner.config.wait_replicas) {
             if acked < replicas {
                 // Undone, since it could vanish in a failover.
@@ -379,12 +379,9 @@ pub(crate) fn foreign_value(value: &str) -> String {
     format!("a foreign client (not polylock), value {shown:?}{more}")
 }
 
-/// A TTL in whole milliseconds, rounded up (`PX` takes milliseconds; a
-/// lease is never shorter than asked).
-pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
-    let ms = ttl.as_nanos().div_ceil(1_000_000);
-    u64::try_from(ms).unwrap_or(u64::MAX).max(1)
-}
+/// The unit of `PX` and `PEXPIRE`, in which TTLs are sent (through
+/// [`Guarantees::granted_ttl`], so the declared minimum and step apply).
+pub(crate) const PX_UNIT: Duration = Duration::from_millis(1);
 
 #[async_trait]
 impl LockBackend for RedisBackend {
@@ -476,7 +473,7 @@ impl LockBackend for RedisBackend {
     /// the old lease's deadline stays valid either way.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
         let keys = self.keys(lease.name())?;
-        let ttl_ms = ttl_millis(lease.ttl());
+        let (_, ttl_ms) = self.guarantees().granted_ttl(lease.ttl(), PX_UNIT);
         let holder = self.inner.layout.holder(lease.owner());
         let mut inv = self.inner.layout.scripts().renew.prepare_invoke();
         inv.key(&keys.lock)
@@ -525,7 +522,7 @@ impl LockBackend for RedisBackend {
             .arg(&holder)
             .arg(lease.fence().get());
         if self.inner.layout.format == Format::Redisson {
-            inv.arg(ttl_millis(lease.ttl()));
+            inv.arg(self.guarantees().granted_ttl(lease.ttl(), PX_UNIT).1);
         }
         inv.arg(&keys.channel);
         let r: i64 = self
@@ -632,6 +629,8 @@ mod tests {
 
     #[test]
     fn ttl_rounds_up_to_milliseconds() {
+        let g = guarantees(Algorithm::SingleInstance);
+        let ttl_millis = |ttl| g.granted_ttl(ttl, PX_UNIT).1;
         assert_eq!(ttl_millis(Duration::from_micros(1)), 1);
         assert_eq!(ttl_millis(Duration::from_micros(1500)), 2);
         assert_eq!(ttl_millis(Duration::from_secs(3)), 3000);

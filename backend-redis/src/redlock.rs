@@ -107,7 +107,7 @@ pub use config::{
     MIN_NODES,
 };
 
-use crate::backend::{foreign_value, ttl_millis};
+use crate::backend::{foreign_value, PX_UNIT};
 use crate::config::{Format, RedisConfig};
 use crate::conn::Link;
 use crate::errors::{connect_error, is_retryable, Fail, RedisFailure};
@@ -465,14 +465,11 @@ impl RedlockBackend {
     /// One acquire attempt; see the module docs.
     async fn attempt(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         let keys = self.keys(&req.name)?;
-        let ttl = Duration::from_millis(ttl_millis(req.ttl.max(REDLOCK_MIN_TTL)));
+        let (ttl, ttl_ms) = guarantees().granted_ttl(req.ttl, PX_UNIT);
         let owner = attempt_value(req.owner);
         let scripts = self.inner.layout.scripts();
         let mut inv = scripts.acquire.prepare_invoke();
-        inv.key(&keys.lock)
-            .key(&keys.fence)
-            .arg(&owner)
-            .arg(ttl.as_millis() as u64);
+        inv.key(&keys.lock).key(&keys.fence).arg(&owner).arg(ttl_ms);
         let policy = ClockPolicy {
             drift: req.clock.drift.max(self.inner.config.drift_factor),
             margin: req.clock.margin.max(self.inner.config.drift),
@@ -664,7 +661,7 @@ impl LockBackend for RedlockBackend {
     /// none; the old lease's deadline stays valid either way.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
         let keys = self.keys(lease.name())?;
-        let ttl_ms = ttl_millis(lease.ttl());
+        let (_, ttl_ms) = guarantees().granted_ttl(lease.ttl(), PX_UNIT);
         let mut inv = self.inner.layout.scripts().renew.prepare_invoke();
         inv.key(&keys.lock)
             .key(&keys.fence)
