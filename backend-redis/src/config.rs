@@ -104,7 +104,7 @@ impl Algorithm {
 pub const DEFAULT_PREFIX: &str = "";
 
 /// The default for `op_timeout=`.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The default for `wait_timeout=`.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
@@ -205,7 +205,7 @@ impl RedisConfig {
             prefix: DEFAULT_PREFIX.to_string(),
             wait_replicas: None,
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
-            timeout: DEFAULT_TIMEOUT,
+            timeout: DEFAULT_OP_TIMEOUT,
             redacted: u.redacted().to_string(),
         };
         let mut prefix_given = false;

@@ -130,7 +130,7 @@ mod wait;
 
 pub use backend::{guarantees, RedisBackend, FENCING_CAVEAT};
 pub use config::{
-    Algorithm, Format, RedisConfig, DEFAULT_PREFIX, DEFAULT_TIMEOUT, DEFAULT_WAIT_TIMEOUT,
+    Algorithm, Format, RedisConfig, DEFAULT_OP_TIMEOUT, DEFAULT_PREFIX, DEFAULT_WAIT_TIMEOUT,
 };
 pub use format::{redisson_field, LockKeys};
 pub use redlock::{

@@ -6,11 +6,11 @@ mod common;
 
 use std::time::Duration;
 
-use lock_core::{LockBackend, LockError, LockName};
 use common::{
     acquire_free, backend, locker_on, name, release_and_time_handoff, req,
     spawn_waiter_that_releases,
 };
+use lock_core::{LockBackend, LockError, LockName};
 use testkit::RedisCluster;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

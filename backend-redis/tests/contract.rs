@@ -7,9 +7,9 @@ mod common;
 
 use std::time::Duration;
 
+use common::{acquire_free, name, req, server_and_clients};
 use lock_core::{AcquireRequest, LockBackend, OwnerToken};
 use redis::AsyncCommands;
-use common::{acquire_free, name, req, server_and_clients};
 use tokio::time::Instant;
 
 const FORMATS: [&str; 2] = ["", "?format=redisson"];

@@ -6,10 +6,10 @@ mod common;
 use std::time::Duration;
 
 use backend_redis::redisson_field;
+use common::{foreign_set_nx, name, req, server_and_clients, spawn_timed_acquire, wait_req};
 use futures::StreamExt;
 use lock_core::{AcquireRequest, LockBackend, OwnerToken};
 use redis::AsyncCommands;
-use common::{foreign_set_nx, name, req, server_and_clients, spawn_timed_acquire, wait_req};
 use tokio::time::{sleep, timeout, Instant};
 
 /// What Redisson's `RLock.unlock()` runs: KEYS lock, channel; ARGV unlock

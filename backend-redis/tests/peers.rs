@@ -15,8 +15,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use backend_redis::{ForeignWake, RedisBackend};
-use lock_core::{LockBackend, LockName};
 use common::{backend, name, req, spawn_timed_acquire, wait_req};
+use lock_core::{LockBackend, LockName};
 use testkit::{RedisCluster, RedisServer};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};

@@ -5,8 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use lock_core::LockBackend;
 use common::{acquire_free, backend, eventually, name, raw, req};
+use lock_core::LockBackend;
 use testkit::RedisServer;
 use tokio::time::Instant;
 

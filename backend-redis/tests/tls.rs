@@ -7,8 +7,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use backend_redis::RedisBackend;
-use lock_core::{LockBackend, Locker};
 use common::{acquire_free, name, release_and_time_handoff, spawn_waiter_that_releases};
+use lock_core::{LockBackend, Locker};
 use testkit::RedisServer;
 
 /// A CA and a server certificate for 127.0.0.1, made with the openssl CLI.

@@ -6,11 +6,11 @@ mod common;
 
 use std::time::Duration;
 
-use lock_core::{LockBackend, LockGuard, Locker};
 use common::{
     acquire_free, backend, eventually, locker_on, name, numsub, pubsub_clients, raw, server,
     spawn_timed_acquire, wait_req,
 };
+use lock_core::{LockBackend, LockGuard, Locker};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 

@@ -38,6 +38,10 @@ use crate::dialect::Dialect;
 pub const DEFAULT_TABLE: &str = "polylock_locks";
 /// The default fence table.
 pub const DEFAULT_FENCE_TABLE: &str = "polylock_fences";
+/// The default for `op_timeout=`.
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default for `connect_timeout=`.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest accepted table name: `polylock_` + name must fit PostgreSQL's
 /// 63-byte identifiers (the LISTEN/NOTIFY channel).
 pub const MAX_TABLE_NAME: usize = 48;
@@ -295,8 +299,8 @@ fn parse_sqlite(url: &str) -> Result<SqlConfig, LockError> {
         fence_table: o.fence_table.unwrap_or_else(|| DEFAULT_FENCE_TABLE.into()),
         max_poll: o.max_poll.unwrap_or(Duration::from_millis(100)),
         pool_size: o.pool_size.unwrap_or(4),
-        connect_timeout: o.connect_timeout.unwrap_or(Duration::from_secs(10)),
-        op_timeout: o.op_timeout.unwrap_or(Duration::from_secs(10)),
+        connect_timeout: o.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+        op_timeout: o.op_timeout.unwrap_or(DEFAULT_OP_TIMEOUT),
         busy_timeout: o.busy_timeout.unwrap_or(Duration::from_secs(5)),
         sqlite_path: Some(PathBuf::from(path)),
     })
@@ -360,8 +364,8 @@ fn parse_server(url: &str, dialect: Dialect) -> Result<SqlConfig, LockError> {
             _ => Duration::from_millis(100),
         }),
         pool_size: o.pool_size.unwrap_or(8),
-        connect_timeout: o.connect_timeout.unwrap_or(Duration::from_secs(10)),
-        op_timeout: o.op_timeout.unwrap_or(Duration::from_secs(10)),
+        connect_timeout: o.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+        op_timeout: o.op_timeout.unwrap_or(DEFAULT_OP_TIMEOUT),
         busy_timeout: o.busy_timeout.unwrap_or(Duration::from_secs(5)),
         sqlite_path: None,
     })

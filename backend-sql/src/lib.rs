@@ -87,7 +87,10 @@ mod schema;
 mod wait;
 
 pub use backend::SqlBackend;
-pub use config::{SqlConfig, DEFAULT_FENCE_TABLE, DEFAULT_TABLE, MAX_TABLE_NAME};
+pub use config::{
+    SqlConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FENCE_TABLE, DEFAULT_OP_TIMEOUT, DEFAULT_TABLE,
+    MAX_TABLE_NAME,
+};
 pub use dialect::{guarantees, Dialect};
 pub use errors::SqlError;
 pub use fence::{placeholder, FenceOutcome, FencedWrite, SqlValue};

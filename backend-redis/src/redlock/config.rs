@@ -46,7 +46,7 @@ const ALIASES: &[(&str, &str)] = &[("timeout", "op_timeout")];
 
 /// A parsed `redlock://` URL.
 ///
-/// `Debug` and [`url`](RedlockConfig::url) show the URL with the password
+/// `Debug` and [`redacted_url`](RedlockConfig::redacted_url) show the URL with the password
 /// replaced by `***`.
 #[derive(Clone)]
 pub struct RedlockConfig {
