@@ -222,7 +222,8 @@ async fn guard_cycles(locker: &Locker, n: usize) {
 }
 
 /// What the guard API adds per cycle, measured on the in-process backend
-/// (no I/O): the watchdog task, the span, the metrics.
+/// (no I/O): the push onto the watchdog's renewal heap (no task per lock),
+/// the span, the metrics.
 async fn locker_overhead() {
     let memory = lock_core::MemoryBackend::new();
     let locker = Locker::new(memory.clone());
@@ -247,7 +248,7 @@ async fn locker_overhead() {
     println!();
     println!(
         "guard API cost per cycle, on the in-process backend: {guarded:?} vs {raw:?} raw \
-         (+{:?} per cycle, lock-core's watchdog task and bookkeeping)",
+         (+{:?} per cycle, lock-core's watchdog heap and bookkeeping)",
         guarded.saturating_sub(raw)
     );
 }

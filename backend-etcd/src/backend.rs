@@ -289,7 +289,8 @@ impl EtcdBackend {
 
     /// The session for `ttl`, granting one if there is none alive.
     async fn session(&self, ttl: Duration) -> Result<(Arc<Session>, SessionUse), LockError> {
-        let secs = ttl_secs(ttl);
+        // etcd leases count whole seconds; the declared minimum applies.
+        let (_, secs) = guarantees().granted_ttl(ttl, Duration::from_secs(1));
         if let Some(found) = self.live_session(secs) {
             return Ok(found);
         }
@@ -520,12 +521,6 @@ enum Turn {
 
 async fn pause_until(pause: Duration, deadline: Instant) {
     sleep_until(deadline.min(Instant::now() + pause)).await;
-}
-
-/// TTL → whole seconds, rounded up (etcd's unit), at least 1.
-fn ttl_secs(ttl: Duration) -> u64 {
-    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
-    secs.max(1)
 }
 
 fn tls_options(config: &EtcdConfig) -> Result<etcd_client::TlsOptions, LockError> {
@@ -806,10 +801,12 @@ mod tests {
 
     #[test]
     fn ttl_rounds_up_to_whole_seconds() {
-        assert_eq!(ttl_secs(Duration::from_millis(1)), 1);
+        let g = guarantees();
+        let ttl_secs = |ttl| g.granted_ttl(ttl, Duration::from_secs(1)).1;
+        // Below the declared minimum: the minimum (etcd raised 1 s to it).
+        assert_eq!(ttl_secs(Duration::from_millis(1)), 2);
         assert_eq!(ttl_secs(Duration::from_secs(2)), 2);
         assert_eq!(ttl_secs(Duration::from_millis(2001)), 3);
-        let g = guarantees();
         assert_eq!(
             g.effective_ttl(Duration::from_millis(300)),
             Duration::from_secs(2)

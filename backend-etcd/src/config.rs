@@ -21,8 +21,8 @@
 //! | `connect_timeout` | 5s      | time to reach the cluster at connect and on reconnects |
 //! | `op_timeout`      | 5s      | time for one request, then a retryable error |
 //!
-//! Durations are `250ms`, `2s`, `1m`, `500us`, or a bare number of
-//! milliseconds.
+//! Durations follow [`lock_core::duration`]: `250ms`, `1.5s`, `2m`, `1h`,
+//! `1m30s`; a bare number is milliseconds.
 //!
 //! # Key layout
 //!
@@ -295,7 +295,7 @@ mod tests {
         assert!(err("etcd://[::1").contains("closing"));
         assert!(err("etcd://h?tls=maybe").contains("not true or false"));
         assert!(err("etcd://h?op_timeout=0").contains("above zero"));
-        assert!(err("etcd://h?op_timeout=2h").contains("unknown unit"));
+        assert!(err("etcd://h?op_timeout=2d").contains("unknown unit"));
         assert!(err("etcd://h?prefix=a&prefix=b").contains("twice"));
         assert!(err("etcd://h?colour=blue").contains("unknown option `colour`"));
         assert!(err("etcd://h o").contains("not a host"));

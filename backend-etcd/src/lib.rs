@@ -84,6 +84,9 @@ use std::sync::Arc;
 
 use lock_core::{LockBackend, LockError};
 
+/// The URL schemes this backend serves (`etcds://` is TLS).
+pub const URL_SCHEMES: &[&str] = &["etcd", "etcds"];
+
 /// Connects to the etcd cluster named by `url`, for the polylock registry.
 ///
 /// # Cancel safety

@@ -13,7 +13,7 @@ use lock_core::{
 };
 use tokio::time::Instant;
 
-use crate::config::{Format, RedisConfig};
+use crate::config::{Algorithm, Format, RedisConfig};
 use crate::conn::{client_for, Link};
 use crate::errors::{connect_error, to_lock_error, Fail, RedisFailure, BACKEND};
 use crate::format::{all_scripts, Layout, LockKeys, FORCE_RELEASE, RELEASE_MESSAGE};
@@ -39,8 +39,9 @@ const FOREIGN_POLL_BACKOFF: Backoff = Backoff {
     max: Duration::from_millis(100),
 };
 
-/// What a Redis lock backend promises, whatever server it talks to.
+/// What a Redis lock backend promises for `algorithm`.
 ///
+/// [`Algorithm::SingleInstance`], whatever server it talks to:
 /// - fencing: [`FencingGuarantee::UnlessDataLoss`] ([`FENCING_CAVEAT`]).
 /// - expiry by the server's clock (`PX`, `PEXPIRE`).
 /// - `survives_restart: false`: Redis acknowledges a write before it is on
@@ -51,7 +52,22 @@ const FOREIGN_POLL_BACKOFF: Backoff = Backoff {
 /// - `survives_failover: false`: replication is asynchronous; `WAIT`
 ///   (`wait_replicas=`) narrows the window but does not close it.
 /// - waiters wake on pub/sub messages; `force_release` is supported.
-pub fn guarantees() -> Guarantees {
+///
+/// [`Algorithm::Redlock`]:
+/// - fencing: [`FencingGuarantee::UnlessDataLoss`]
+///   ([`REDLOCK_FENCING_CAVEAT`](crate::REDLOCK_FENCING_CAVEAT)).
+/// - expiry by each node's clock (`PX`).
+/// - `survives_restart: false`: a node that restarts without its data (or
+///   a majority of them) can admit a second holder; the backend cannot know
+///   how the nodes persist.
+/// - waiters poll with a jittered delay (Redlock has no release message
+///   that reaches every node's waiters at once).
+/// - TTLs of at least [`REDLOCK_MIN_TTL`](crate::REDLOCK_MIN_TTL), in milliseconds;
+///   `force_release` removes the lock on every node.
+pub fn guarantees(algorithm: Algorithm) -> Guarantees {
+    if algorithm == Algorithm::Redlock {
+        return crate::redlock::guarantees();
+    }
     let mut g = Guarantees::new(BACKEND);
     g.fencing = FencingGuarantee::UnlessDataLoss(FENCING_CAVEAT);
     g.fair_fifo = false;
@@ -148,7 +164,7 @@ impl<'a> Unanswered<'a> {
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("url", &self.inner.config.url())
+            .field("url", &self.inner.config.redacted_url())
             .field("format", &self.inner.config.format())
             .field("cluster", &self.inner.config.is_cluster())
             .field("foreign_wake", &self.inner.foreign_wake)
@@ -167,12 +183,12 @@ enum Attempt {
 }
 
 impl RedisBackend {
-    /// Parses `url` (see [`RedisConfig::from_url`]) and connects.
+    /// Parses `url` (see [`RedisConfig::parse`]) and connects.
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped connect leaves nothing behind.
     pub async fn connect(url: &str) -> Result<RedisBackend, LockError> {
-        Self::connect_with(RedisConfig::from_url(url)?).await
+        Self::connect_with(RedisConfig::parse(url)?).await
     }
 
     /// Connects with a parsed configuration: checks that the server answers
@@ -201,7 +217,7 @@ impl RedisBackend {
         };
         let foreign_wake = ForeignWake::detect(&config, &link).await;
         tracing::info!(
-            url = %config.url(),
+            url = %config.redacted_url(),
             format = %config.format(),
             foreign_wake = %foreign_wake,
             "polylock redis: connected; {}",
@@ -283,7 +299,7 @@ impl RedisBackend {
     /// One acquire attempt, keeping what a waiter needs to know.
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt, LockError> {
         let keys = self.keys(&req.name)?;
-        let ttl_ms = ttl_millis(req.ttl);
+        let (ttl, ttl_ms) = self.guarantees().granted_ttl(req.ttl, PX_UNIT);
         let scripts = self.inner.layout.scripts();
         let holder = self.inner.layout.holder(req.owner);
         let (pending, recover) =
@@ -322,7 +338,7 @@ impl RedisBackend {
                     )),
                 )
             })?;
-        let lease = req.lease(fence, Duration::from_millis(ttl_ms), sent_at);
+        let lease = req.lease(fence, ttl, sent_at);
         if let (Some(acked), Some(replicas)) = (acked, self.inner.config.wait_replicas) {
             if acked < replicas {
                 // Undone, since it could vanish in a failover.
@@ -363,52 +379,9 @@ pub(crate) fn foreign_value(value: &str) -> String {
     format!("a foreign client (not polylock), value {shown:?}{more}")
 }
 
-/// A TTL in whole milliseconds, rounded up (`PX` takes milliseconds; a
-/// lease is never shorter than asked).
-pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
-    let ms = ttl.as_nanos().div_ceil(1_000_000);
-    u64::try_from(ms).unwrap_or(u64::MAX).max(1)
-}
-
-/// `acquire_loop` drives a backend's `try_acquire`; this one also records
-/// when the current holder's lease ends, for the wake-up to sleep no longer
-/// than that.
-#[derive(Debug)]
-struct Attempts {
-    backend: RedisBackend,
-    expiry: Arc<Mutex<Option<Instant>>>,
-}
-
-#[async_trait]
-impl LockBackend for Attempts {
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
-        let attempt = self.backend.attempt(req).await;
-        let expiry = match &attempt {
-            // +1 ms: the server expires strictly after the TTL.
-            Ok(Attempt::Held {
-                expires_in: Some(d),
-            }) => Instant::now().checked_add(*d + Duration::from_millis(1)),
-            _ => None,
-        };
-        *self.expiry.lock().unwrap_or_else(|p| p.into_inner()) = expiry;
-        attempt.map(|a| match a {
-            Attempt::Acquired(lease) => Some(lease),
-            Attempt::Held { .. } => None,
-        })
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.backend.renew(lease).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        self.backend.release(lease).await
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
-        self.backend.inspect(name).await
-    }
-    fn guarantees(&self) -> Guarantees {
-        self.backend.guarantees()
-    }
-}
+/// The unit of `PX` and `PEXPIRE`, in which TTLs are sent (through
+/// [`Guarantees::granted_ttl`], so the declared minimum and step apply).
+pub(crate) const PX_UNIT: Duration = Duration::from_millis(1);
 
 #[async_trait]
 impl LockBackend for RedisBackend {
@@ -441,15 +414,28 @@ impl LockBackend for RedisBackend {
     /// waiter of this client needs it). Dropping it during an attempt is
     /// like dropping [`try_acquire`](LockBackend::try_acquire).
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
-        let started = Instant::now();
         let deadline = req.wait_deadline();
+        // When the current holder's lease ends, learned by each attempt, so
+        // the wake-up sleeps no longer than that.
         let expiry = Arc::new(Mutex::new(None));
-        let attempts = Attempts {
-            backend: self.clone(),
-            expiry: Arc::clone(&expiry),
+        let expiry_ref = &expiry;
+        let attempt = move || async move {
+            let attempt = self.attempt(req).await;
+            let ends = match &attempt {
+                // +1 ms: the server expires strictly after the TTL.
+                Ok(Attempt::Held {
+                    expires_in: Some(d),
+                }) => Instant::now().checked_add(*d + Duration::from_millis(1)),
+                _ => None,
+            };
+            *expiry_ref.lock().unwrap_or_else(|p| p.into_inner()) = ends;
+            attempt.map(|a| match a {
+                Attempt::Acquired(lease) => Some(lease),
+                Attempt::Held { .. } => None,
+            })
         };
         // An uncontended lock costs one round trip and no subscription.
-        match attempts.try_acquire(req).await {
+        match attempt().await {
             Ok(Some(lease)) => return Ok(Some(lease)),
             Ok(None) if req.wait.is_zero() => return Ok(None),
             Err(e) if !e.is_retryable() || req.wait.is_zero() => return Err(e),
@@ -469,8 +455,6 @@ impl LockBackend for RedisBackend {
         }
         // The subscription is live from here on, so the loop's first attempt
         // (made now) cannot miss a release that came after the one above.
-        let mut rest = req.clone();
-        rest.wait = req.wait.saturating_sub(started.elapsed());
         let backoff = if !subscribed {
             tracing::debug!(name = %req.name, "polylock redis: no pub/sub; waiting by polling");
             Backoff::default()
@@ -479,7 +463,7 @@ impl LockBackend for RedisBackend {
         } else {
             SUBSCRIBED_BACKOFF
         };
-        acquire_loop(&attempts, &rest, backoff, || wake_up(&subs, &expiry)).await
+        acquire_loop(attempt, deadline, backoff, || wake_up(&subs, &expiry)).await
     }
 
     /// Compare-owner-and-`PEXPIRE`, by script.
@@ -489,7 +473,7 @@ impl LockBackend for RedisBackend {
     /// the old lease's deadline stays valid either way.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
         let keys = self.keys(lease.name())?;
-        let ttl_ms = ttl_millis(lease.ttl());
+        let (_, ttl_ms) = self.guarantees().granted_ttl(lease.ttl(), PX_UNIT);
         let holder = self.inner.layout.holder(lease.owner());
         let mut inv = self.inner.layout.scripts().renew.prepare_invoke();
         inv.key(&keys.lock)
@@ -538,7 +522,7 @@ impl LockBackend for RedisBackend {
             .arg(&holder)
             .arg(lease.fence().get());
         if self.inner.layout.format == Format::Redisson {
-            inv.arg(ttl_millis(lease.ttl()));
+            inv.arg(self.guarantees().granted_ttl(lease.ttl(), PX_UNIT).1);
         }
         inv.arg(&keys.channel);
         let r: i64 = self
@@ -635,7 +619,7 @@ impl LockBackend for RedisBackend {
     }
 
     fn guarantees(&self) -> Guarantees {
-        guarantees()
+        guarantees(Algorithm::SingleInstance)
     }
 }
 
@@ -645,6 +629,8 @@ mod tests {
 
     #[test]
     fn ttl_rounds_up_to_milliseconds() {
+        let g = guarantees(Algorithm::SingleInstance);
+        let ttl_millis = |ttl| g.granted_ttl(ttl, PX_UNIT).1;
         assert_eq!(ttl_millis(Duration::from_micros(1)), 1);
         assert_eq!(ttl_millis(Duration::from_micros(1500)), 2);
         assert_eq!(ttl_millis(Duration::from_secs(3)), 3000);

@@ -14,12 +14,13 @@
 //! - `wait_replicas=N&wait_timeout=DURATION`: after each acquire, `WAIT N MS`; an
 //!   acquire that fewer than N replicas acknowledged in time is undone and
 //!   reported as a retryable error. Off by default.
-//! - `timeout=DURATION`: how long one command may go unanswered before the
-//!   connection is considered dead and replaced; default 2s.
+//! - `op_timeout=DURATION` (also `timeout=`): how long one command may go
+//!   unanswered before the connection is considered dead and replaced;
+//!   default 2s.
 //!
-//! Durations read as everywhere in polylock (`lock_core::options`): `250ms`,
-//! `2s`, `1m`, or a bare number of milliseconds.
-//! - `tls_ca=PATH` (`rediss://` only): a PEM file of the CA certificates to
+//! Durations follow [`lock_core::duration`]: `250ms`, `1.5s`, `2m`, `1h`,
+//! `1m30s`; a bare number is milliseconds.
+//! - `ca=PATH` (also `tls_ca=`; `rediss://` only): a PEM file of the CA certificates to
 //!   trust instead of the system's.
 
 use std::fmt;
@@ -71,12 +72,39 @@ impl fmt::Display for Format {
     }
 }
 
+/// Which lock algorithm a URL selects: its scheme says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// One lock key on one server or one cluster shard: `redis://`,
+    /// `rediss://`, `redis+cluster://` ([`RedisBackend`](crate::RedisBackend)).
+    SingleInstance,
+    /// A majority of independent servers: `redlock://`
+    /// ([`RedlockBackend`](crate::RedlockBackend)).
+    Redlock,
+}
+
+impl Algorithm {
+    /// Both, for tables and tests.
+    pub const ALL: [Algorithm; 2] = [Algorithm::SingleInstance, Algorithm::Redlock];
+
+    /// The algorithm of a URL scheme of [`URL_SCHEMES`](crate::URL_SCHEMES)
+    /// (case-insensitive).
+    pub fn of_scheme(scheme: &str) -> Option<Algorithm> {
+        match scheme.to_ascii_lowercase().as_str() {
+            "redis" | "rediss" | "redis+cluster" => Some(Algorithm::SingleInstance),
+            "redlock" => Some(Algorithm::Redlock),
+            _ => None,
+        }
+    }
+}
+
 /// The default key prefix of the `plain` format: none, so that the lock
 /// key is the lock name, as redis-py, redsync and node-redlock have it.
 pub const DEFAULT_PREFIX: &str = "";
 
-/// The default for `timeout=`.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The default for `op_timeout=`.
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The default for `wait_timeout=`.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
@@ -90,7 +118,7 @@ pub(crate) struct Node {
 
 /// A parsed Redis lock URL.
 ///
-/// `Debug` and [`url`](RedisConfig::url) show the URL with the password
+/// `Debug` and [`redacted_url`](RedisConfig::redacted_url) show the URL with the password
 /// replaced by `***`; the password itself is never printed.
 #[derive(Clone)]
 pub struct RedisConfig {
@@ -124,7 +152,10 @@ impl fmt::Debug for RedisConfig {
     }
 }
 
-const OPTIONS: &str = "format, prefix, wait_replicas, wait_timeout, timeout, tls_ca";
+const OPTIONS: &str = "format, prefix, wait_replicas, wait_timeout, op_timeout, ca";
+
+/// Old spellings, still read.
+const ALIASES: &[(&str, &str)] = &[("timeout", "op_timeout"), ("tls_ca", "ca")];
 
 impl RedisConfig {
     /// Parses a `redis://`, `rediss://` or `redis+cluster://` URL. Every
@@ -132,13 +163,13 @@ impl RedisConfig {
     ///
     /// ```
     /// use backend_redis::{Format, RedisConfig};
-    /// let c = RedisConfig::from_url("redis://:s3cret@cache:6380/2?format=redisson").unwrap();
+    /// let c = RedisConfig::parse("redis://:s3cret@cache:6380/2?format=redisson").unwrap();
     /// assert_eq!(c.format(), Format::Redisson);
     /// assert_eq!(c.db(), 2);
     /// assert!(!format!("{c:?}").contains("s3cret"));
-    /// assert!(RedisConfig::from_url("redis://cache/x").is_err());
+    /// assert!(RedisConfig::parse("redis://cache/x").is_err());
     /// ```
-    pub fn from_url(url: &str) -> Result<RedisConfig, LockError> {
+    pub fn parse(url: &str) -> Result<RedisConfig, LockError> {
         let u = LockUrl::parse(url, "redis://, rediss:// or redis+cluster://")?;
         let (cluster, tls) = match u.scheme() {
             "redis" => (false, false),
@@ -174,12 +205,12 @@ impl RedisConfig {
             prefix: DEFAULT_PREFIX.to_string(),
             wait_replicas: None,
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
-            timeout: DEFAULT_TIMEOUT,
+            timeout: DEFAULT_OP_TIMEOUT,
             redacted: u.redacted().to_string(),
         };
         let mut prefix_given = false;
         let mut wait_timeout_given = false;
-        for (key, value) in u.options() {
+        for (key, value) in u.options_with_aliases(ALIASES)? {
             match key {
                 "format" => {
                     cfg.format = match value {
@@ -207,10 +238,10 @@ impl RedisConfig {
                     cfg.wait_timeout = u.positive_duration(key, value)?;
                     wait_timeout_given = true;
                 }
-                "timeout" => cfg.timeout = u.positive_duration(key, value)?,
-                "tls_ca" => {
+                "op_timeout" => cfg.timeout = u.positive_duration(key, value)?,
+                "ca" => {
                     if !tls {
-                        return Err(u.error("tls_ca needs the rediss:// scheme"));
+                        return Err(u.error("ca (tls_ca) needs the rediss:// scheme"));
                     }
                     cfg.tls_ca = Some(PathBuf::from(value));
                 }
@@ -262,7 +293,7 @@ impl RedisConfig {
     }
 
     /// The URL with the password redacted.
-    pub fn url(&self) -> &str {
+    pub fn redacted_url(&self) -> &str {
         &self.redacted
     }
 
@@ -302,7 +333,7 @@ impl RedisConfig {
     }
 
     /// How long one command may go unanswered.
-    pub fn timeout(&self) -> Duration {
+    pub fn op_timeout(&self) -> Duration {
         self.timeout
     }
 
@@ -354,7 +385,7 @@ mod tests {
     use super::*;
 
     fn err(url: &str) -> String {
-        match RedisConfig::from_url(url) {
+        match RedisConfig::parse(url) {
             Err(LockError::Config(m)) => m,
             other => panic!("{url}: expected a Config error, got {other:?}"),
         }
@@ -362,7 +393,7 @@ mod tests {
 
     #[test]
     fn parses_single_node_urls() {
-        let c = RedisConfig::from_url("redis://127.0.0.1:7000").unwrap();
+        let c = RedisConfig::parse("redis://127.0.0.1:7000").unwrap();
         assert_eq!(
             c.nodes,
             vec![Node {
@@ -375,25 +406,25 @@ mod tests {
             (0, Format::Plain, DEFAULT_PREFIX)
         );
         assert!(!c.cluster && !c.tls);
-        let c = RedisConfig::from_url("redis://app:p%40ss@cache/3").unwrap();
+        let c = RedisConfig::parse("redis://app:p%40ss@cache/3").unwrap();
         assert_eq!(c.username.as_deref(), Some("app"));
         assert_eq!(c.password.as_deref(), Some("p@ss"));
         assert_eq!((c.nodes[0].port, c.db), (6379, 3));
-        let c = RedisConfig::from_url("rediss://[::1]:6390/?prefix=x:&timeout=50").unwrap();
+        let c = RedisConfig::parse("rediss://[::1]:6390/?prefix=x:&timeout=50").unwrap();
         assert!(c.tls);
         assert_eq!(c.nodes[0].host, "::1");
         assert_eq!(
             (c.prefix.as_str(), c.timeout),
             ("x:", Duration::from_millis(50))
         );
-        let c = RedisConfig::from_url("redis://h?wait_replicas=1&wait_timeout=250").unwrap();
+        let c = RedisConfig::parse("redis://h?wait_replicas=1&wait_timeout=250").unwrap();
         assert_eq!(c.wait_replicas, Some(1));
         assert_eq!(c.wait_timeout, Duration::from_millis(250));
     }
 
     #[test]
     fn parses_cluster_urls() {
-        let c = RedisConfig::from_url("redis+cluster://:pw@a:1,b:2,c:3?format=redisson").unwrap();
+        let c = RedisConfig::parse("redis+cluster://:pw@a:1,b:2,c:3?format=redisson").unwrap();
         assert!(c.cluster);
         assert_eq!(c.nodes.len(), 3);
         assert_eq!(c.format, Format::Redisson);
@@ -412,7 +443,7 @@ mod tests {
         assert!(err("redis://h?format=redisson&prefix=a").contains("redisson"));
         assert!(err("redis://h?wait_timeout=5").contains("wait_replicas"));
         assert!(err("redis://h?timeout=0").contains("above zero"));
-        assert!(err("redis://h?timeout=2h").contains("unknown unit"));
+        assert!(err("redis://h?timeout=2d").contains("unknown unit"));
         assert!(err("redis://h?tls_ca=/x").contains("rediss"));
         assert!(err("redis://h?timeout=1&timeout=2").contains("twice"));
         assert!(err("http://h").contains("unknown scheme"));
@@ -421,13 +452,29 @@ mod tests {
     }
 
     #[test]
+    fn option_names_shared_with_other_backends_and_old_spellings() {
+        let c = RedisConfig::parse("rediss://h?op_timeout=1.5s&ca=/etc/ca.pem").unwrap();
+        assert_eq!(c.op_timeout(), Duration::from_millis(1500));
+        assert_eq!(
+            c.tls_ca.as_deref(),
+            Some(std::path::Path::new("/etc/ca.pem"))
+        );
+        let c = RedisConfig::parse("rediss://h?timeout=40&tls_ca=/x").unwrap();
+        assert_eq!(c.op_timeout(), Duration::from_millis(40));
+        assert_eq!(c.tls_ca.as_deref(), Some(std::path::Path::new("/x")));
+        assert!(err("redis://h?timeout=1s&op_timeout=2s").contains("given twice"));
+        assert!(err("rediss://h?tls_ca=/x&ca=/y").contains("given twice"));
+        assert!(err("redis://h?ca=/x").contains("rediss"));
+    }
+
+    #[test]
     fn never_shows_the_password() {
         let url = "redis://u:hunter2@h:1/0?timeout=oops";
         let m = err(url);
         assert!(!m.contains("hunter2"), "{m}");
-        let c = RedisConfig::from_url("redis://u:hunter2@h:1/0").unwrap();
+        let c = RedisConfig::parse("redis://u:hunter2@h:1/0").unwrap();
         assert!(!format!("{c:?}").contains("hunter2"));
-        assert!(!c.url().contains("hunter2"));
+        assert!(!c.redacted_url().contains("hunter2"));
         assert_eq!(c.scrub("auth hunter2 failed".into()), "auth *** failed");
     }
 }

@@ -71,7 +71,7 @@ pub(crate) fn to_lock_error(cfg: &RedisConfig, what: &str, fail: Fail) -> LockEr
             BACKEND,
             RedisFailure(cfg.scrub(format!(
                 "{what}: no reply from {} within {after:?}; the connection is being replaced",
-                cfg.url()
+                cfg.redacted_url()
             ))),
         ),
         Fail::Redis(e) => {
@@ -101,7 +101,7 @@ pub(crate) fn connect_error(cfg: &RedisConfig, fail: Fail) -> LockError {
         if text.contains("DB index is out of range") {
             return LockError::Config(format!(
                 "`{}`: the server has no database {} (it has fewer; see its `databases` setting)",
-                cfg.url(),
+                cfg.redacted_url(),
                 cfg.db()
             ));
         }
@@ -110,7 +110,7 @@ pub(crate) fn connect_error(cfg: &RedisConfig, fail: Fail) -> LockError {
         if auth {
             return LockError::Config(cfg.scrub(format!(
                 "`{}`: the server refused the credentials: {e}",
-                cfg.url()
+                cfg.redacted_url()
             )));
         }
         if text.contains("invalid peer certificate") {
@@ -118,14 +118,14 @@ pub(crate) fn connect_error(cfg: &RedisConfig, fail: Fail) -> LockError {
             return LockError::Config(cfg.scrub(format!(
                 "`{}`: the server's TLS certificate was refused ({e}); pass the CA that \
                  signed it with tls_ca=PATH, and check that it names the host in the URL",
-                cfg.url()
+                cfg.redacted_url()
             )));
         }
         if matches!(e.kind(), ErrorKind::InvalidClientConfig) {
-            return LockError::Config(cfg.scrub(format!("`{}`: {e}", cfg.url())));
+            return LockError::Config(cfg.scrub(format!("`{}`: {e}", cfg.redacted_url())));
         }
     }
-    to_lock_error(cfg, &format!("connecting to {}", cfg.url()), fail)
+    to_lock_error(cfg, &format!("connecting to {}", cfg.redacted_url()), fail)
 }
 
 #[cfg(test)]
@@ -140,7 +140,7 @@ mod tests {
         assert!(is_retryable(&timeout));
         let client = RedisError::from((ErrorKind::Client, "bad"));
         assert!(!is_retryable(&client));
-        let cfg = RedisConfig::from_url("redis://u:sekrit@h").unwrap();
+        let cfg = RedisConfig::parse("redis://u:sekrit@h").unwrap();
         let e = to_lock_error(&cfg, "acquire", Fail::Timeout(Duration::from_secs(1)));
         assert!(e.is_retryable());
         assert!(!e.to_string().contains("sekrit"), "{e}");

@@ -129,11 +129,33 @@ mod redlock;
 mod wait;
 
 pub use backend::{guarantees, RedisBackend, FENCING_CAVEAT};
-pub use config::{Format, RedisConfig, DEFAULT_PREFIX, DEFAULT_TIMEOUT, DEFAULT_WAIT_TIMEOUT};
+pub use config::{
+    Algorithm, Format, RedisConfig, DEFAULT_OP_TIMEOUT, DEFAULT_PREFIX, DEFAULT_WAIT_TIMEOUT,
+};
 pub use format::{redisson_field, LockKeys};
 pub use redlock::{
-    redlock_guarantees, RedlockBackend, RedlockConfig, DEFAULT_DRIFT, DEFAULT_DRIFT_FACTOR,
-    DEFAULT_NODE_TIMEOUT, DEFAULT_RETRY_DELAY, MIN_NODES, REDLOCK_FENCING_CAVEAT, REDLOCK_MIN_TTL,
-    REDLOCK_URL_SCHEMES,
+    RedlockBackend, RedlockConfig, DEFAULT_DRIFT, DEFAULT_DRIFT_FACTOR, DEFAULT_NODE_TIMEOUT,
+    DEFAULT_RETRY_DELAY, MIN_NODES, REDLOCK_FENCING_CAVEAT, REDLOCK_MIN_TTL,
 };
 pub use wait::ForeignWake;
+
+use std::sync::Arc;
+
+use lock_core::{LockBackend, LockError};
+
+/// The URL schemes this backend serves; [`Algorithm::of_scheme`] says which
+/// algorithm each selects.
+pub const URL_SCHEMES: &[&str] = &["redis", "rediss", "redis+cluster", "redlock"];
+
+/// Connects to the server, cluster or Redlock set named by `url`
+/// ([`RedisBackend::connect`] or [`RedlockBackend::connect`], by scheme).
+///
+/// # Cancel safety
+/// Cancel safe: a dropped connect leaves no lock behind.
+pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
+    let scheme = lock_core::url::scheme_of(url).unwrap_or_default();
+    Ok(match Algorithm::of_scheme(scheme) {
+        Some(Algorithm::Redlock) => Arc::new(RedlockBackend::connect(url).await?),
+        _ => Arc::new(RedisBackend::connect(url).await?),
+    })
+}

@@ -107,7 +107,7 @@ pub use config::{
     MIN_NODES,
 };
 
-use crate::backend::{foreign_value, ttl_millis};
+use crate::backend::{foreign_value, PX_UNIT};
 use crate::config::{Format, RedisConfig};
 use crate::conn::Link;
 use crate::errors::{connect_error, is_retryable, Fail, RedisFailure};
@@ -115,9 +115,6 @@ use crate::format::{Layout, LockKeys, FORCE_RELEASE, RELEASE_MESSAGE};
 
 /// The backend name in errors and guarantees.
 const REDLOCK: &str = "redlock";
-
-/// The URL schemes of this backend.
-pub const REDLOCK_URL_SCHEMES: &[&str] = &["redlock"];
 
 /// The shortest TTL granted: a shorter request is granted this long, so
 /// that the drift allowance and a round trip to every node leave a
@@ -137,19 +134,8 @@ static RAISE_FENCE: LazyLock<Script> =
 static UNDO: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/redlock_undo.lua")));
 
-/// What a Redlock backend promises.
-///
-/// - fencing: [`FencingGuarantee::UnlessDataLoss`]
-///   ([`REDLOCK_FENCING_CAVEAT`]).
-/// - expiry by each node's clock (`PX`).
-/// - `survives_restart: false`: a node that restarts without its data (or
-///   a majority of them) can admit a second holder; the backend cannot know
-///   how the nodes persist.
-/// - waiters poll with a jittered delay (Redlock has no release message
-///   that reaches every node's waiters at once).
-/// - TTLs of at least [`REDLOCK_MIN_TTL`], in milliseconds;
-///   `force_release` removes the lock on every node.
-pub fn redlock_guarantees() -> Guarantees {
+/// What Redlock promises: see [`crate::guarantees`].
+pub(crate) fn guarantees() -> Guarantees {
     let mut g = Guarantees::new(REDLOCK);
     g.fencing = FencingGuarantee::UnlessDataLoss(REDLOCK_FENCING_CAVEAT);
     g.fair_fifo = false;
@@ -272,7 +258,7 @@ struct Inner {
 impl fmt::Debug for RedlockBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedlockBackend")
-            .field("url", &self.inner.config.url())
+            .field("url", &self.inner.config.redacted_url())
             .field("nodes", &self.inner.nodes.len())
             .field("quorum", &self.inner.config.quorum())
             .finish_non_exhaustive()
@@ -347,12 +333,12 @@ impl<'a> Tally<'a> {
 }
 
 impl RedlockBackend {
-    /// Parses `url` (see [`RedlockConfig::from_url`]) and connects.
+    /// Parses `url` (see [`RedlockConfig::parse`]) and connects.
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped connect leaves nothing behind.
     pub async fn connect(url: &str) -> Result<RedlockBackend, LockError> {
-        Self::connect_with(RedlockConfig::from_url(url)?).await
+        Self::connect_with(RedlockConfig::parse(url)?).await
     }
 
     /// Connects to every node at once and succeeds when a majority
@@ -388,7 +374,10 @@ impl RedlockBackend {
                 Err(fail) => {
                     tally.failed.push(nodes[i].describe(&fail));
                     if let e @ LockError::Config(_) = connect_error(&nodes[i].config, fail) {
-                        return Err(LockError::Config(format!("`{}`: {e}", config.url())));
+                        return Err(LockError::Config(format!(
+                            "`{}`: {e}",
+                            config.redacted_url()
+                        )));
                     }
                 }
             }
@@ -396,7 +385,7 @@ impl RedlockBackend {
         if tally.ok < config.quorum() {
             let text = format!(
                 "connecting to {}: {} of {} nodes answered ({} needed); {}",
-                config.url(),
+                config.redacted_url(),
                 tally.ok,
                 nodes.len(),
                 config.quorum(),
@@ -404,7 +393,7 @@ impl RedlockBackend {
             );
             return Err(LockError::transient(REDLOCK, RedisFailure(text)));
         }
-        tracing::info!(url = %config.url(), nodes = nodes.len(), answered = tally.ok, "polylock redlock: connected");
+        tracing::info!(url = %config.redacted_url(), nodes = nodes.len(), answered = tally.ok, "polylock redlock: connected");
         let layout = plain_layout(config.nodes[0].prefix.clone());
         Ok(RedlockBackend {
             inner: Arc::new(Inner {
@@ -476,14 +465,11 @@ impl RedlockBackend {
     /// One acquire attempt; see the module docs.
     async fn attempt(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         let keys = self.keys(&req.name)?;
-        let ttl = Duration::from_millis(ttl_millis(req.ttl.max(REDLOCK_MIN_TTL)));
+        let (ttl, ttl_ms) = guarantees().granted_ttl(req.ttl, PX_UNIT);
         let owner = attempt_value(req.owner);
         let scripts = self.inner.layout.scripts();
         let mut inv = scripts.acquire.prepare_invoke();
-        inv.key(&keys.lock)
-            .key(&keys.fence)
-            .arg(&owner)
-            .arg(ttl.as_millis() as u64);
+        inv.key(&keys.lock).key(&keys.fence).arg(&owner).arg(ttl_ms);
         let policy = ClockPolicy {
             drift: req.clock.drift.max(self.inner.config.drift_factor),
             margin: req.clock.margin.max(self.inner.config.drift),
@@ -675,7 +661,7 @@ impl LockBackend for RedlockBackend {
     /// none; the old lease's deadline stays valid either way.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
         let keys = self.keys(lease.name())?;
-        let ttl_ms = ttl_millis(lease.ttl());
+        let (_, ttl_ms) = guarantees().granted_ttl(lease.ttl(), PX_UNIT);
         let mut inv = self.inner.layout.scripts().renew.prepare_invoke();
         inv.key(&keys.lock)
             .key(&keys.fence)
@@ -858,7 +844,7 @@ impl LockBackend for RedlockBackend {
     }
 
     fn guarantees(&self) -> Guarantees {
-        redlock_guarantees()
+        guarantees()
     }
 }
 
@@ -868,7 +854,7 @@ mod tests {
 
     #[test]
     fn the_lease_deadline_is_the_validity_from_the_send() {
-        let cfg = RedlockConfig::from_url("redlock://a,b,c?drift_factor=0.1&drift=5ms").unwrap();
+        let cfg = RedlockConfig::parse("redlock://a,b,c?drift_factor=0.1&drift=5ms").unwrap();
         let ttl = Duration::from_secs(1);
         let sent = Instant::now();
         let policy = ClockPolicy {
@@ -901,9 +887,9 @@ mod tests {
 
     #[test]
     fn min_ttl_leaves_room_for_the_default_drift() {
-        let cfg = RedlockConfig::from_url("redlock://a,b,c").unwrap();
+        let cfg = RedlockConfig::parse("redlock://a,b,c").unwrap();
         assert!(cfg.drift_for(REDLOCK_MIN_TTL) < REDLOCK_MIN_TTL / 10);
-        let g = redlock_guarantees();
+        let g = guarantees();
         assert_eq!(g.effective_ttl(Duration::from_millis(5)), REDLOCK_MIN_TTL);
     }
 }

@@ -2,15 +2,15 @@
 //! braces, the Redisson format's limits, waiting across nodes. (The
 //! conformance suite runs every common case on a cluster too.)
 
-mod support;
+mod common;
 
 use std::time::Duration;
 
-use lock_core::{LockBackend, LockError, LockName};
-use support::{
+use common::{
     acquire_free, backend, locker_on, name, release_and_time_handoff, req,
     spawn_waiter_that_releases,
 };
+use lock_core::{LockBackend, LockError, LockName};
 use testkit::RedisCluster;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -40,7 +40,7 @@ async fn cluster_specifics() {
     // and what polylock keeps beside it is in the same slot, whatever
     // braces the name has (its own tag, an empty tag, a `}` before any
     // `{`, ...).
-    let mut admin = support::raw(&cluster.servers()[0].url()).await;
+    let mut admin = common::raw(&cluster.servers()[0].url()).await;
     let mut names: Vec<String> = [
         "job",
         "a{b}c",
@@ -87,7 +87,7 @@ async fn cluster_specifics() {
     for i in 0..30 {
         let n = name(&format!("spread/{i}"));
         let key = plain.keys(&n).unwrap().lock;
-        let mut c = support::raw(&cluster.servers()[0].url()).await;
+        let mut c = common::raw(&cluster.servers()[0].url()).await;
         let slot: i64 = redis::cmd("CLUSTER")
             .arg("KEYSLOT")
             .arg(&key)

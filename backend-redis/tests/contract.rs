@@ -3,13 +3,13 @@
 //! attempt recognises its own grant, and an evicted fencing counter never
 //! hands out a lower token.
 
-mod support;
+mod common;
 
 use std::time::Duration;
 
+use common::{acquire_free, name, req, server_and_clients};
 use lock_core::{AcquireRequest, LockBackend, OwnerToken};
 use redis::AsyncCommands;
-use support::{acquire_free, name, req, server_and_clients};
 use tokio::time::Instant;
 
 const FORMATS: [&str; 2] = ["", "?format=redisson"];

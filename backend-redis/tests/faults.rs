@@ -2,15 +2,15 @@
 //! proxy (blackholed or reset). Each time the holder's `lost()` fires by its
 //! lease's deadline, nothing hangs or panics, and the client recovers.
 
-mod support;
+mod common;
 
 use std::time::Duration;
 
-use lock_core::{LockGuard, Locker};
-use support::{
+use common::{
     acquire_free, backend, eventually, locker_on, numsub, release_and_time_handoff, server,
     server_and_clients, spawn_waiter_that_releases,
 };
+use lock_core::{LockGuard, Locker};
 use testkit::{Mode, Proxy, RedisServer};
 use tokio::time::{timeout, Instant};
 
@@ -153,7 +153,7 @@ async fn waiter_survives_its_pubsub_connection_being_killed() {
     let srv = server();
     let holder = locker_on(&srv.url()).await;
     let waiter = locker_on(&srv.url()).await;
-    let mut admin = support::raw(&srv.url()).await;
+    let mut admin = common::raw(&srv.url()).await;
     let guard = holder
         .lock("faults/pubsub")
         .ttl(Duration::from_secs(30))
@@ -192,8 +192,8 @@ async fn waiter_survives_its_pubsub_connection_being_killed() {
 /// requests once traffic flows again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandoned_request_never_shifts_replies() {
+    use common::{name, req};
     use lock_core::LockBackend;
-    use support::{name, req};
 
     let srv = server();
     let proxy = Proxy::start(srv.addr()).unwrap();
@@ -232,8 +232,8 @@ async fn script_flush(admin: &mut redis::aio::MultiplexedConnection) {
 /// loads them again on NOSCRIPT and nothing fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_are_reloaded_after_script_flush() {
+    use common::{name, req};
     use lock_core::LockBackend;
-    use support::{name, req};
 
     let (_srv, ours, mut admin) = server_and_clients("").await;
     let n = name("faults/noscript");

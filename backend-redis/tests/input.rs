@@ -2,14 +2,14 @@
 //! not exist, refused credentials, keys of another type. Each is a clear
 //! error, and nobody else's data is touched.
 
-mod support;
+mod common;
 
 use std::time::Duration;
 
 use backend_redis::RedisBackend;
+use common::{acquire_free, backend, name, raw, req, server, server_and_clients, wait_req};
 use lock_core::{LockBackend, LockError};
 use redis::AsyncCommands;
-use support::{acquire_free, backend, name, raw, req, server, server_and_clients, wait_req};
 use tokio::time::Instant;
 
 fn config_error(r: Result<RedisBackend, LockError>) -> String {

@@ -1,15 +1,15 @@
 //! Interoperation with other clients, on a real redis-server: a foreign
 //! `SET NX PX` lock in the plain format, and Redisson's exact layout.
 
-mod support;
+mod common;
 
 use std::time::Duration;
 
 use backend_redis::redisson_field;
+use common::{foreign_set_nx, name, req, server_and_clients, spawn_timed_acquire, wait_req};
 use futures::StreamExt;
 use lock_core::{AcquireRequest, LockBackend, OwnerToken};
 use redis::AsyncCommands;
-use support::{foreign_set_nx, name, req, server_and_clients, spawn_timed_acquire, wait_req};
 use tokio::time::{sleep, timeout, Instant};
 
 /// What Redisson's `RLock.unlock()` runs: KEYS lock, channel; ARGV unlock
@@ -296,15 +296,15 @@ async fn redisson_foreign_holder_blocks_and_its_unlock_message_wakes_us() {
 async fn foreign_release_wakes_by_keyspace_event_or_poll() {
     let events = testkit::RedisServer::start_with_args(&["--notify-keyspace-events", "Kgx"])
         .expect("redis-server");
-    let polling = support::server();
+    let polling = common::server();
     for (srv, wake) in [
         (&events, backend_redis::ForeignWake::KeyspaceEvents),
         (&polling, backend_redis::ForeignWake::Polling),
     ] {
-        let ours = support::backend(&srv.url()).await;
+        let ours = common::backend(&srv.url()).await;
         assert_eq!(ours.foreign_wake(), wake);
-        let mut foreign = support::raw(&srv.url()).await;
-        let admin = support::raw(&srv.url()).await;
+        let mut foreign = common::raw(&srv.url()).await;
+        let admin = common::raw(&srv.url()).await;
         let mut handoffs = Vec::new();
         for i in 0..7 {
             let n = name(&format!("interop/wake/{i}"));
@@ -314,8 +314,8 @@ async fn foreign_release_wakes_by_keyspace_event_or_poll() {
                 wait_req(&n, Duration::from_secs(5), Duration::from_secs(10)),
             );
             let channel = format!("__keyspace@0__:{n}");
-            let listening = support::eventually(Duration::from_secs(3), || async {
-                support::numsub(&admin, &channel).await == 1
+            let listening = common::eventually(Duration::from_secs(3), || async {
+                common::numsub(&admin, &channel).await == 1
             })
             .await;
             assert_eq!(

@@ -8,15 +8,15 @@
 //! redis-py and node-redlock are installed under `tests/peers/` by
 //! `scripts/install-peers.sh` (run by `scripts/install-deps.sh`).
 
-mod support;
+mod common;
 
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use backend_redis::{ForeignWake, RedisBackend};
+use common::{backend, name, req, spawn_timed_acquire, wait_req};
 use lock_core::{LockBackend, LockName};
-use support::{backend, name, req, spawn_timed_acquire, wait_req};
 use testkit::{RedisCluster, RedisServer};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};

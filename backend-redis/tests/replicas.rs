@@ -1,12 +1,12 @@
 //! `wait_replicas=`: an acquire is acknowledged by replicas (`WAIT`), or
 //! undone.
 
-mod support;
+mod common;
 
 use std::time::Duration;
 
+use common::{acquire_free, backend, eventually, name, raw, req};
 use lock_core::LockBackend;
-use support::{acquire_free, backend, eventually, name, raw, req};
 use testkit::RedisServer;
 use tokio::time::Instant;
 

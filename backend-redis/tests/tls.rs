@@ -1,14 +1,14 @@
 //! `rediss://`: TLS to a real redis-server, with a CA made for the test.
 
-mod support;
+mod common;
 
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use backend_redis::RedisBackend;
+use common::{acquire_free, name, release_and_time_handoff, spawn_waiter_that_releases};
 use lock_core::{LockBackend, Locker};
-use support::{acquire_free, name, release_and_time_handoff, spawn_waiter_that_releases};
 use testkit::RedisServer;
 
 /// A CA and a server certificate for 127.0.0.1, made with the openssl CLI.

@@ -2,15 +2,15 @@
 //! no subscription behind, and one pub/sub connection serves all waiters of
 //! a client.
 
-mod support;
+mod common;
 
 use std::time::Duration;
 
-use lock_core::{LockBackend, LockGuard, Locker};
-use support::{
+use common::{
     acquire_free, backend, eventually, locker_on, name, numsub, pubsub_clients, raw, server,
     spawn_timed_acquire, wait_req,
 };
+use lock_core::{LockBackend, LockGuard, Locker};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 

@@ -404,11 +404,6 @@ impl SqlBackend {
         }
     }
 
-    fn granted_ttl(&self, ttl: Duration) -> (Duration, i64) {
-        let granted = self.inner.guarantees.effective_ttl(ttl);
-        (granted, self.inner.config.dialect.ttl_units(granted))
-    }
-
     fn fence(&self, op: &str, version: u64) -> Result<FencingToken, LockError> {
         FencingToken::new(version).ok_or_else(|| {
             self.inner.errors.protocol(
@@ -516,7 +511,11 @@ impl LockBackend for SqlBackend {
         // Measured before the statement leaves, so the local deadline is
         // never later than the database's expiry.
         let sent_at = Instant::now();
-        let (granted, units) = self.granted_ttl(req.ttl);
+        let (granted, units) = self
+            .inner
+            .guarantees
+            .granted_ttl(req.ttl, self.inner.config.dialect.timestamp_precision());
+        let units = i64::try_from(units).unwrap_or(i64::MAX);
         let attempt = (req.name.clone(), req.owner);
         let mut unsure = self.was_unsure(&attempt);
         // Marks the attempt unsure unless it gets an answer: on an error,
@@ -610,7 +609,13 @@ impl LockBackend for SqlBackend {
                 // covers the gap, so do not wait long for it.
                 hub.ensure_listening(req.wait.min(LISTEN_READY_WAIT)).await;
                 let name: Arc<str> = Arc::from(req.name.as_str());
-                wait::acquire_loop(self, req, backoff, || hub.arm(&name)).await
+                wait::acquire_loop(
+                    || self.try_acquire(req),
+                    req.wait_deadline(),
+                    backoff,
+                    || hub.arm(&name),
+                )
+                .await
             }
         }
     }
@@ -621,7 +626,11 @@ impl LockBackend for SqlBackend {
     /// Cancel safe: the row was extended or not; the old deadline holds.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
         let sent_at = Instant::now();
-        let (granted, units) = self.granted_ttl(lease.ttl());
+        let (granted, units) = self
+            .inner
+            .guarantees
+            .granted_ttl(lease.ttl(), self.inner.config.dialect.timestamp_precision());
+        let units = i64::try_from(units).unwrap_or(i64::MAX);
         let owner = lease.owner().to_string();
         let version = lease.fence().get();
         let (name, owner, sql) = (lease.name().as_str(), owner.as_str(), &self.inner.sql.renew);

@@ -21,17 +21,16 @@
 //! | `op_timeout`      | 10s                          | time for one lock operation, then a retryable error |
 //! | `busy_timeout`    | 5s                           | SQLite only: wait for the file's write lock |
 //!
-//! Durations are `250ms`, `2s`, `1m`, `500us`, or a bare number of
-//! milliseconds. Table names are lowercase SQL identifiers
+//! Durations follow [`lock_core::duration`]: `250ms`, `1.5s`, `2m`, `1h`,
+//! `1m30s`; a bare number is milliseconds. Table names are lowercase SQL identifiers
 //! (`[a-z_][a-z0-9_]*`, at most 48 characters), checked here, before any I/O.
 
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lock_core::options::{parse_duration, positive_duration};
+use lock_core::url::LockUrl;
 use lock_core::{redact_url, LockError};
-use url::Url;
 
 use crate::dialect::Dialect;
 
@@ -39,6 +38,10 @@ use crate::dialect::Dialect;
 pub const DEFAULT_TABLE: &str = "polylock_locks";
 /// The default fence table.
 pub const DEFAULT_FENCE_TABLE: &str = "polylock_fences";
+/// The default for `op_timeout=`.
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default for `connect_timeout=`.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest accepted table name: `polylock_` + name must fit PostgreSQL's
 /// 63-byte identifiers (the LISTEN/NOTIFY channel).
 pub const MAX_TABLE_NAME: usize = 48;
@@ -59,8 +62,8 @@ pub const MAX_TABLE_NAME: usize = 48;
 #[derive(Clone)]
 pub struct SqlConfig {
     pub(crate) dialect: Dialect,
-    /// The URL as given, secrets included: only ever handed to the driver.
-    pub(crate) secret_url: String,
+    /// The URL with its password replaced.
+    pub(crate) redacted: String,
     /// The URL for the driver: polylock's options removed, scheme normalised.
     pub(crate) driver_url: String,
     /// The password, to scrub it from driver messages.
@@ -80,7 +83,7 @@ impl fmt::Debug for SqlConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqlConfig")
             .field("dialect", &self.dialect)
-            .field("url", &redact_url(&self.secret_url))
+            .field("url", &self.redacted)
             .field("table", &self.table)
             .field("fence_table", &self.fence_table)
             .field("max_poll", &self.max_poll)
@@ -95,18 +98,19 @@ impl SqlConfig {
     /// Parses a lock URL. Every error is a [`LockError::Config`] raised
     /// before any I/O, and never contains the password.
     pub fn parse(url: &str) -> Result<SqlConfig, LockError> {
-        let shown = redact_url(url);
-        let scheme = url
-            .split_once(':')
-            .map(|(s, _)| s.to_ascii_lowercase())
-            .ok_or_else(|| config(format!("`{shown}` is not a SQL lock URL (no scheme)")))?;
-        match scheme.as_str() {
-            "sqlite" => parse_sqlite(url, &shown),
-            "postgres" | "postgresql" => parse_server(url, &shown, Dialect::Postgres),
-            "mysql" | "mariadb" => parse_server(url, &shown, Dialect::MySql),
-            other => Err(config(format!(
-                "`{shown}`: unknown SQL scheme `{other}`; expected sqlite, postgres, \
-                 postgresql, mysql or mariadb"
+        let scheme = lock_core::url::scheme_of(url).map(str::to_ascii_lowercase);
+        match scheme.as_deref() {
+            Some("sqlite") => parse_sqlite(url),
+            Some("postgres" | "postgresql") => parse_server(url, Dialect::Postgres),
+            Some("mysql" | "mariadb") => parse_server(url, Dialect::MySql),
+            Some(other) => Err(LockError::Config(format!(
+                "`{}`: unknown SQL scheme `{other}`; expected {}",
+                redact_url(url),
+                crate::URL_SCHEMES.join(", ")
+            ))),
+            None => Err(LockError::Config(format!(
+                "`{}` is not a SQL lock URL (no scheme)",
+                redact_url(url)
             ))),
         }
     }
@@ -133,8 +137,8 @@ impl SqlConfig {
     }
 
     /// The URL with its password replaced by `***`.
-    pub fn redacted_url(&self) -> String {
-        redact_url(&self.secret_url)
+    pub fn redacted_url(&self) -> &str {
+        &self.redacted
     }
 
     /// The longest pause between two attempts of a waiting acquire.
@@ -162,18 +166,38 @@ impl SqlConfig {
     /// Sets the longest pause between two attempts of a waiting acquire.
     pub fn with_max_poll(mut self, max_poll: Duration) -> Result<Self, LockError> {
         if max_poll.is_zero() {
-            return Err(config("max_poll must be above zero".into()));
+            return Err(LockError::Config("max_poll must be above zero".into()));
         }
         self.max_poll = max_poll;
         Ok(self)
     }
 }
 
-fn config(msg: String) -> LockError {
-    LockError::Config(msg)
+/// polylock's own options (after `-` → `_`; `max_connections` is an alias
+/// of `pool_size`), removed before the driver sees the URL.
+const OPTIONS: &[&str] = &[
+    "table",
+    "fence_table",
+    "max_poll",
+    "pool_size",
+    "max_connections",
+    "connect_timeout",
+    "op_timeout",
+    "busy_timeout",
+];
+
+fn canonical(key: &str) -> String {
+    match key.replace('-', "_").as_str() {
+        "max_connections" => "pool_size".into(),
+        k => k.into(),
+    }
 }
 
-/// polylock's own query options, removed before the driver sees the URL.
+fn is_ours(key: &str) -> bool {
+    OPTIONS.contains(&key.replace('-', "_").as_str())
+}
+
+/// polylock's query options of `u`.
 #[derive(Default)]
 struct Options {
     table: Option<String>,
@@ -185,47 +209,46 @@ struct Options {
     busy_timeout: Option<Duration>,
 }
 
-/// Splits the query into polylock's options and the driver's pairs.
-fn split_options(
-    pairs: Vec<(String, String)>,
-    shown: &str,
-) -> Result<(Options, Vec<(String, String)>), LockError> {
+/// polylock's options of `u`, and the driver's pairs.
+fn split_options(u: &LockUrl) -> Result<(Options, Vec<(String, String)>), LockError> {
     let mut o = Options::default();
     let mut rest = Vec::new();
-    for (key, value) in pairs {
-        let bad = |what: &str| config(format!("`{shown}`: option `{key}`: {what}"));
-        match key.replace('-', "_").as_str() {
+    let mut seen: Vec<String> = Vec::new();
+    for (key, value) in u.options() {
+        if !is_ours(key) {
+            rest.push((key.to_string(), value.to_string()));
+            continue;
+        }
+        // Two spellings of one option are one option given twice.
+        let name = canonical(key);
+        if seen.contains(&name) {
+            return Err(u.error(format_args!("option `{name}` is given twice")));
+        }
+        match name.as_str() {
             "table" => {
-                validate_table(&value)?;
-                o.table = Some(value);
+                validate_table(value)?;
+                o.table = Some(value.to_string());
             }
             "fence_table" => {
-                validate_table(&value)?;
-                o.fence_table = Some(value);
+                validate_table(value)?;
+                o.fence_table = Some(value.to_string());
             }
-            "max_poll" => {
-                let d = parse_duration(&value).map_err(|e| bad(&e))?;
-                if d.is_zero() {
-                    return Err(bad("must be above zero"));
-                }
-                o.max_poll = Some(d);
-            }
-            "pool_size" | "max_connections" => {
+            "max_poll" => o.max_poll = Some(u.positive_duration(key, value)?),
+            "pool_size" => {
                 let n: u32 = value
                     .parse()
-                    .map_err(|_| bad("expected a number of connections"))?;
+                    .map_err(|_| u.option_error(key, "expected a number of connections"))?;
                 if !(1..=1000).contains(&n) {
-                    return Err(bad("must be between 1 and 1000"));
+                    return Err(u.option_error(key, "must be between 1 and 1000"));
                 }
                 o.pool_size = Some(n);
             }
-            "connect_timeout" => {
-                o.connect_timeout = Some(positive_duration(&value).map_err(|e| bad(&e))?)
-            }
-            "op_timeout" => o.op_timeout = Some(positive_duration(&value).map_err(|e| bad(&e))?),
-            "busy_timeout" => o.busy_timeout = Some(parse_duration(&value).map_err(|e| bad(&e))?),
-            _ => rest.push((key, value)),
+            "connect_timeout" => o.connect_timeout = Some(u.positive_duration(key, value)?),
+            "op_timeout" => o.op_timeout = Some(u.positive_duration(key, value)?),
+            "busy_timeout" => o.busy_timeout = Some(u.duration(key, value)?),
+            _ => unreachable!("OPTIONS and this match name the same options"),
         }
+        seen.push(name);
     }
     Ok((o, rest))
 }
@@ -240,7 +263,7 @@ pub(crate) fn validate_table(name: &str) -> Result<(), LockError> {
         .chars()
         .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
     if !ok_first || !ok_rest || name.len() > MAX_TABLE_NAME {
-        return Err(config(format!(
+        return Err(LockError::Config(format!(
             "table name {name:?} is not accepted: use a lowercase SQL identifier \
              ([a-z_][a-z0-9_]*, at most {MAX_TABLE_NAME} characters)"
         )));
@@ -248,38 +271,27 @@ pub(crate) fn validate_table(name: &str) -> Result<(), LockError> {
     Ok(())
 }
 
-fn parse_sqlite(url: &str, shown: &str) -> Result<SqlConfig, LockError> {
-    let rest = &url["sqlite:".len()..];
-    let rest = rest.strip_prefix("//").unwrap_or(rest);
-    let (path, query) = match rest.split_once('?') {
-        Some((p, q)) => (p, q),
-        None => (rest, ""),
-    };
-    let path = percent_decode(path).ok_or_else(|| {
-        config(format!(
-            "`{shown}`: the path is not valid percent-encoded UTF-8"
-        ))
-    })?;
-    let pairs: Vec<(String, String)> = url::form_urlencoded::parse(query.as_bytes())
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .collect();
-    let memory_mode = pairs.iter().any(|(k, v)| k == "mode" && v == "memory");
+fn parse_sqlite(url: &str) -> Result<SqlConfig, LockError> {
+    let u = LockUrl::parse_file(url, "sqlite://PATH")?;
+    let path = u.path().to_string();
+    let memory_mode = u.options().any(|(k, v)| k == "mode" && v == "memory");
     if path.is_empty() || path == ":memory:" || path.starts_with("file::memory:") || memory_mode {
-        return Err(config(format!(
-            "`{shown}`: an in-memory SQLite database cannot lock across processes \
-             (each connection sees its own); use a file, e.g. sqlite:///var/lib/app/locks.db"
-        )));
+        return Err(u.error(
+            "an in-memory SQLite database cannot lock across processes \
+             (each connection sees its own); use a file, e.g. sqlite:///var/lib/app/locks.db",
+        ));
     }
-    let (o, rest) = split_options(pairs, shown)?;
+    let (o, rest) = split_options(&u)?;
     if let Some((k, _)) = rest.first() {
-        return Err(config(format!(
-            "`{shown}`: unknown option `{k}` for sqlite (known: table, fence_table, max_poll, \
-             pool_size, connect_timeout, op_timeout, busy_timeout)"
-        )));
+        return Err(u.unknown_option(
+            k,
+            "table, fence_table, max_poll, pool_size, connect_timeout, op_timeout, \
+             busy_timeout (sqlite)",
+        ));
     }
     Ok(SqlConfig {
         dialect: Dialect::Sqlite,
-        secret_url: url.to_string(),
+        redacted: u.redacted().to_string(),
         driver_url: url.to_string(),
         password: None,
         endpoint: path.clone(),
@@ -287,27 +299,20 @@ fn parse_sqlite(url: &str, shown: &str) -> Result<SqlConfig, LockError> {
         fence_table: o.fence_table.unwrap_or_else(|| DEFAULT_FENCE_TABLE.into()),
         max_poll: o.max_poll.unwrap_or(Duration::from_millis(100)),
         pool_size: o.pool_size.unwrap_or(4),
-        connect_timeout: o.connect_timeout.unwrap_or(Duration::from_secs(10)),
-        op_timeout: o.op_timeout.unwrap_or(Duration::from_secs(10)),
+        connect_timeout: o.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+        op_timeout: o.op_timeout.unwrap_or(DEFAULT_OP_TIMEOUT),
         busy_timeout: o.busy_timeout.unwrap_or(Duration::from_secs(5)),
         sqlite_path: Some(PathBuf::from(path)),
     })
 }
 
-fn percent_decode(s: &str) -> Option<String> {
-    percent_encoding::percent_decode_str(s)
-        .decode_utf8()
-        .ok()
-        .map(|c| c.into_owned())
-}
-
-fn parse_server(url: &str, shown: &str, dialect: Dialect) -> Result<SqlConfig, LockError> {
-    let mut parsed = Url::parse(url).map_err(|e| config(format!("`{shown}`: {e}")))?;
-    let pairs: Vec<(String, String)> = parsed
-        .query_pairs()
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .collect();
-    let (o, rest) = split_options(pairs, shown)?;
+fn parse_server(url: &str, dialect: Dialect) -> Result<SqlConfig, LockError> {
+    let usage = format!(
+        "{}://USER:PASSWORD@HOST:PORT/DATABASE",
+        dialect.backend_name()
+    );
+    let u = LockUrl::parse_optional_host(url, &usage)?;
+    let (o, rest) = split_options(&u)?;
     let default_port = match dialect {
         Dialect::Postgres => 5432,
         _ => 3306,
@@ -318,21 +323,18 @@ fn parse_server(url: &str, shown: &str, dialect: Dialect) -> Result<SqlConfig, L
         .iter()
         .find(|(k, v)| (k == "host" && v.starts_with('/')) || k == "socket")
         .map(|(_, v)| v.clone());
-    let host = parsed.host_str().unwrap_or("").to_string();
-    let endpoint = match socket {
-        Some(s) => s,
-        None if host.is_empty() => {
-            return Err(config(format!(
-                "`{shown}`: no host; expected {}://USER:PASSWORD@HOST:PORT/DATABASE",
-                dialect.backend_name()
-            )))
+    let endpoint = match (socket, u.hosts()) {
+        (Some(s), _) => s,
+        (None, []) => return Err(u.error(format_args!("no host; expected {usage}"))),
+        (None, [host]) => host.endpoint(default_port).map_err(|e| u.error(e))?,
+        (None, _) => {
+            return Err(u.error(format_args!("a SQL URL names one server; expected {usage}")))
         }
-        None => format!("{host}:{}", parsed.port().unwrap_or(default_port)),
     };
-    let password = parsed
+    let password = u
         .password()
-        .map(|p| percent_decode(p).unwrap_or_else(|| p.to_string()))
         .filter(|p| !p.is_empty())
+        .map(str::to_string)
         .or_else(|| {
             rest.iter()
                 .find(|(k, _)| k == "password")
@@ -340,18 +342,18 @@ fn parse_server(url: &str, shown: &str, dialect: Dialect) -> Result<SqlConfig, L
         });
     // The driver gets the URL without polylock's options, and MySQL's
     // scheme for MariaDB.
-    if rest.is_empty() {
-        parsed.set_query(None);
-    } else {
-        parsed.query_pairs_mut().clear().extend_pairs(rest.iter());
-    }
-    let mut driver_url = parsed.to_string();
-    if let Some(tail) = driver_url.strip_prefix("mariadb:") {
-        driver_url = format!("mysql:{tail}");
-    }
+    let driver = u.driver_url(|k| !is_ours(k));
+    let driver_scheme = match u.scheme() {
+        "mariadb" => "mysql",
+        s => s,
+    };
+    let driver_url = format!(
+        "{driver_scheme}{}",
+        &driver[driver.find(':').unwrap_or(0)..]
+    );
     Ok(SqlConfig {
         dialect,
-        secret_url: url.to_string(),
+        redacted: u.redacted().to_string(),
         driver_url,
         password,
         endpoint,
@@ -362,8 +364,8 @@ fn parse_server(url: &str, shown: &str, dialect: Dialect) -> Result<SqlConfig, L
             _ => Duration::from_millis(100),
         }),
         pool_size: o.pool_size.unwrap_or(8),
-        connect_timeout: o.connect_timeout.unwrap_or(Duration::from_secs(10)),
-        op_timeout: o.op_timeout.unwrap_or(Duration::from_secs(10)),
+        connect_timeout: o.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+        op_timeout: o.op_timeout.unwrap_or(DEFAULT_OP_TIMEOUT),
         busy_timeout: o.busy_timeout.unwrap_or(Duration::from_secs(5)),
         sqlite_path: None,
     })
@@ -457,6 +459,20 @@ mod tests {
         );
         let m = err("postgres://u:secretpw@/db");
         assert!(!m.contains("secretpw"), "{m}");
+    }
+
+    #[test]
+    fn an_option_given_twice_is_refused() {
+        for url in [
+            "postgres://u:secretpw@h/db?table=a&table=b",
+            "mysql://u:secretpw@h/db?pool_size=2&max_connections=3",
+            "mysql://u:secretpw@h/db?max-poll=1s&max_poll=2s",
+            "sqlite:///tmp/x.db?op_timeout=1s&op_timeout=2s",
+        ] {
+            let m = err(url);
+            assert!(m.contains("given twice"), "{url}: {m}");
+            assert!(!m.contains("secretpw"), "{m}");
+        }
     }
 
     #[test]

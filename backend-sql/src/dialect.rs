@@ -28,6 +28,9 @@ pub enum Dialect {
 }
 
 impl Dialect {
+    /// Every dialect, for tables and tests.
+    pub const ALL: [Dialect; 3] = [Dialect::Sqlite, Dialect::Postgres, Dialect::MySql];
+
     /// The backend name used in errors, guarantees and URLs.
     pub fn backend_name(self) -> &'static str {
         match self {
@@ -45,14 +48,6 @@ impl Dialect {
             Dialect::Sqlite => Duration::from_millis(1),
             Dialect::Postgres | Dialect::MySql => Duration::from_micros(1),
         }
-    }
-
-    /// The TTL unit bound into statements, per unit of
-    /// [`timestamp_precision`](Self::timestamp_precision).
-    pub(crate) fn ttl_units(self, ttl: Duration) -> i64 {
-        let unit = self.timestamp_precision().as_nanos().max(1);
-        // MAX_TTL (one year) fits easily; saturate rather than wrap anyway.
-        i64::try_from(ttl.as_nanos().div_ceil(unit)).unwrap_or(i64::MAX)
     }
 
     /// Converts a database duration in units of the timestamp precision back
@@ -483,9 +478,12 @@ mod tests {
 
     #[test]
     fn ttl_units_round_up_to_precision() {
-        assert_eq!(Dialect::Sqlite.ttl_units(Duration::from_micros(1500)), 2);
-        assert_eq!(Dialect::Postgres.ttl_units(Duration::from_nanos(1500)), 2);
-        assert_eq!(Dialect::MySql.ttl_units(Duration::from_secs(1)), 1_000_000);
+        // TTLs are bound in units of the timestamp precision, through the
+        // declared minimum and step.
+        let units = |d: Dialect, ttl| guarantees(d).granted_ttl(ttl, d.timestamp_precision()).1;
+        assert_eq!(units(Dialect::Sqlite, Duration::from_micros(1500)), 2);
+        assert_eq!(units(Dialect::Postgres, Duration::from_nanos(1500)), 2);
+        assert_eq!(units(Dialect::MySql, Duration::from_secs(1)), 1_000_000);
         assert_eq!(
             Dialect::Sqlite.units_to_duration(-5),
             Duration::ZERO,
@@ -518,7 +516,9 @@ mod tests {
             let g = guarantees(d);
             let ttl = Duration::from_nanos(1_234_567);
             let granted = g.effective_ttl(ttl);
-            assert_eq!(d.units_to_duration(d.ttl_units(ttl)), granted, "{d:?}");
+            let (g_ttl, units) = g.granted_ttl(ttl, d.timestamp_precision());
+            assert_eq!(g_ttl, granted, "{d:?}");
+            assert_eq!(d.units_to_duration(units as i64), granted, "{d:?}");
         }
     }
 }

@@ -87,7 +87,26 @@ mod schema;
 mod wait;
 
 pub use backend::SqlBackend;
-pub use config::{SqlConfig, DEFAULT_FENCE_TABLE, DEFAULT_TABLE, MAX_TABLE_NAME};
+pub use config::{
+    SqlConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FENCE_TABLE, DEFAULT_OP_TIMEOUT, DEFAULT_TABLE,
+    MAX_TABLE_NAME,
+};
 pub use dialect::{guarantees, Dialect};
 pub use errors::SqlError;
 pub use fence::{placeholder, FenceOutcome, FencedWrite, SqlValue};
+
+use std::sync::Arc;
+
+use lock_core::{LockBackend, LockError};
+
+/// The URL schemes this backend serves.
+pub const URL_SCHEMES: &[&str] = &["sqlite", "postgres", "postgresql", "mysql", "mariadb"];
+
+/// Connects to the database named by `url` ([`SqlBackend::connect`]).
+///
+/// # Cancel safety
+/// Cancel safe: a dropped connect closes its pool and leaves no lock
+/// behind.
+pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
+    Ok(Arc::new(SqlBackend::connect(url).await?))
+}

@@ -175,7 +175,9 @@ impl ZkBackend {
 
     async fn session(&self, ttl: Duration) -> Result<Arc<Session>, LockError> {
         let c = &self.inner.config;
-        let timeout = c.session_timeout.unwrap_or(ttl.max(MIN_TTL));
+        let timeout = c
+            .session_timeout
+            .unwrap_or_else(|| guarantees().effective_ttl(ttl));
         self.inner.sessions.get(c, timeout).await
     }
 

@@ -16,8 +16,8 @@
 //! | `session_timeout` | none       | one session of this timeout for every lock, whatever TTL is asked (see below) |
 //! | `op_timeout`      | 5s         | time for one request, then a retryable error |
 //!
-//! Durations are `250ms`, `2s`, `1m`, `500us`, or a bare number of
-//! milliseconds.
+//! Durations follow [`lock_core::duration`]: `250ms`, `1.5s`, `2m`, `1h`,
+//! `1m30s`; a bare number is milliseconds.
 //!
 //! # TTL and sessions
 //! A lock lives as long as the session that created its node. Without

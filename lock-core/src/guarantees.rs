@@ -169,6 +169,26 @@ impl Guarantees {
         let n = t.as_nanos().div_ceil(g) * g;
         Duration::from_nanos(u64::try_from(n).unwrap_or(u64::MAX))
     }
+
+    /// The TTL granted for `requested` ([`effective_ttl`](Self::effective_ttl)),
+    /// and it as a whole number of `unit`, rounded up: what is sent to the
+    /// server (`PX` milliseconds, etcd lease seconds, SQL timestamp units).
+    /// The one place a backend turns a requested TTL into what it asks
+    /// for, so what it grants is what it declares.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let mut g = lock_core::Guarantees::new("example");
+    /// g.min_ttl = Duration::from_secs(2);
+    /// g.ttl_granularity = Duration::from_secs(1);
+    /// let (ttl, secs) = g.granted_ttl(Duration::from_millis(2500), Duration::from_secs(1));
+    /// assert_eq!((ttl, secs), (Duration::from_secs(3), 3));
+    /// ```
+    pub fn granted_ttl(&self, requested: Duration, unit: Duration) -> (Duration, u64) {
+        let ttl = self.effective_ttl(requested);
+        let units = ttl.as_nanos().div_ceil(unit.as_nanos().max(1));
+        (ttl, u64::try_from(units).unwrap_or(u64::MAX))
+    }
 }
 
 #[cfg(test)]
@@ -188,6 +208,24 @@ mod tests {
             g.effective_ttl(Duration::from_millis(2500)),
             Duration::from_secs(3)
         );
+    }
+
+    #[test]
+    fn granted_ttl_counts_units_of_the_effective_ttl() {
+        let g = Guarantees::new("x");
+        let ms = Duration::from_millis(1);
+        assert_eq!(g.granted_ttl(Duration::from_micros(1), ms), (ms, 1));
+        assert_eq!(
+            g.granted_ttl(Duration::from_micros(1500), ms),
+            (Duration::from_millis(2), 2)
+        );
+        assert_eq!(g.granted_ttl(crate::MAX_TTL, ms).1, 365 * 24 * 3600 * 1000);
+        let mut g = Guarantees::new("x");
+        g.min_ttl = Duration::from_micros(1);
+        g.ttl_granularity = Duration::from_micros(1);
+        let us = Duration::from_micros(1);
+        assert_eq!(g.granted_ttl(Duration::from_nanos(1500), us).1, 2);
+        assert_eq!(g.granted_ttl(Duration::from_secs(1), us).1, 1_000_000);
     }
 
     #[test]

@@ -27,6 +27,7 @@
 //! ```
 
 mod backend;
+pub mod duration;
 mod error;
 mod guarantees;
 mod guard;
@@ -36,7 +37,6 @@ mod locker;
 mod memory;
 mod name;
 mod observe;
-pub mod options;
 mod owner;
 mod redact;
 mod token;

@@ -311,7 +311,6 @@ impl LockBuilder {
 
     async fn take(self, wait: Wait) -> Result<Option<LockGuard>, LockError> {
         let name = self.name?;
-        validate_ttl(self.ttl)?;
         let (wait_for, bounded) = match wait {
             Wait::Never => (Duration::ZERO, true),
             Wait::Upto(Some(d)) => (d, true),

@@ -111,13 +111,18 @@ impl LockBackend for MemoryBackend {
             initial: Duration::from_millis(1),
             max: Duration::from_millis(20),
         };
-        acquire_loop(self, req, backoff, || {
-            let mut wake = Box::pin(self.inner.released.notified());
-            // Registered now, before the attempt, so a release in between is
-            // not missed.
-            wake.as_mut().enable();
-            wake
-        })
+        acquire_loop(
+            || self.try_acquire(req),
+            req.wait_deadline(),
+            backoff,
+            || {
+                let mut wake = Box::pin(self.inner.released.notified());
+                // Registered now, before the attempt, so a release in between is
+                // not missed.
+                wake.as_mut().enable();
+                wake
+            },
+        )
         .await
     }
 

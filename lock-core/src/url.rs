@@ -8,9 +8,12 @@
 
 use std::time::Duration;
 
+use crate::duration::{self, BareNumber};
 use crate::error::LockError;
-use crate::options::{parse_duration, positive_duration};
 use crate::redact::redact_url;
+
+/// The longest duration a URL option may hold.
+const MAX_OPTION: Duration = Duration::from_secs(24 * 3600);
 
 /// One `host[:port]` of a host list; IPv6 addresses in brackets.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,7 +72,25 @@ pub struct LockUrl {
     hosts: Vec<UrlHost>,
     path: String,
     options: Vec<(String, String)>,
+    /// The query as given, pair by pair with each decoded key, so the
+    /// options a backend does not own reach its driver byte for byte.
+    raw_options: Vec<(String, String)>,
+    /// Everything before the `?`, secrets included: see
+    /// [`LockUrl::driver_url`].
+    secret_base: String,
     redacted: String,
+}
+
+/// Where the server of a URL is named.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Authority {
+    /// `scheme://HOSTS...`: at least one host.
+    Required,
+    /// `scheme://HOSTS...` or `scheme:///...` (the server named by an
+    /// option, e.g. PostgreSQL's `?host=/run/postgresql`).
+    Optional,
+    /// `scheme:PATH` or `scheme://PATH`: no server, a local file.
+    None,
 }
 
 impl std::fmt::Debug for LockUrl {
@@ -86,13 +107,62 @@ impl LockUrl {
     /// valid percent-encoded UTF-8, an empty host, a bad port, and an
     /// option given twice.
     pub fn parse(url: &str, usage: &str) -> Result<LockUrl, LockError> {
+        LockUrl::split(url, usage, Authority::Required)
+    }
+
+    /// As [`parse`](LockUrl::parse), but an empty authority
+    /// (`postgres:///db?host=/run/postgresql`) gives an empty host list.
+    pub fn parse_optional_host(url: &str, usage: &str) -> Result<LockUrl, LockError> {
+        LockUrl::split(url, usage, Authority::Optional)
+    }
+
+    /// A URL naming a local file, `scheme:PATH` or `scheme://PATH` (so
+    /// `sqlite:///abs.db`, `sqlite://rel.db`, `sqlite:rel.db`, and
+    /// `sqlite::memory:`, whose path is `:memory:`): no credentials, no
+    /// hosts; [`path`](LockUrl::path) is the percent-decoded rest up to `?`.
+    ///
+    /// ```
+    /// use lock_core::url::LockUrl;
+    /// let u = LockUrl::parse_file("sqlite:///tmp/a%20b.db?table=t", "sqlite://PATH").unwrap();
+    /// assert_eq!(u.path(), "/tmp/a b.db");
+    /// assert_eq!(LockUrl::parse_file("sqlite::memory:", "sqlite://PATH").unwrap().path(), ":memory:");
+    /// assert!(LockUrl::parse_file("sqlite:x.db?a=1&a=2", "sqlite://PATH").is_err());
+    /// ```
+    pub fn parse_file(url: &str, usage: &str) -> Result<LockUrl, LockError> {
+        LockUrl::split(url, usage, Authority::None)
+    }
+
+    fn split(url: &str, usage: &str, authority_kind: Authority) -> Result<LockUrl, LockError> {
         let redacted = redact_url(url);
         let bad = |why: String| LockError::Config(format!("`{redacted}`: {why}"));
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad(format!("expected {usage}")))?;
+        let (scheme, rest) = if authority_kind == Authority::None {
+            url.split_once(':')
+                .filter(|(s, _)| !s.is_empty())
+                .map(|(s, r)| (s, r.strip_prefix("//").unwrap_or(r)))
+        } else {
+            url.split_once("://")
+        }
+        .ok_or_else(|| bad(format!("expected {usage}")))?;
         if rest.contains('#') {
             return Err(bad("URL fragments (`#...`) are not supported".into()));
+        }
+        let secret_base = url[..url.find('?').unwrap_or(url.len())].to_string();
+        if authority_kind == Authority::None {
+            let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+            let path = decode(path)
+                .ok_or_else(|| bad("the path is not valid percent-encoded UTF-8".into()))?;
+            let (options, raw_options) = split_query(query).map_err(bad)?;
+            return Ok(LockUrl {
+                scheme: scheme.to_ascii_lowercase(),
+                username: None,
+                password: None,
+                hosts: Vec::new(),
+                path,
+                options,
+                raw_options,
+                secret_base,
+                redacted,
+            });
         }
         // As in every URL: the authority ends at the first '/' or '?', and
         // the credentials at the last '@' inside it, so a password may hold
@@ -128,27 +198,16 @@ impl LockUrl {
                 (Some(user), pass)
             }
         };
-        let hosts = hosts
-            .split(',')
-            .map(parse_host)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(bad)?;
-        // Percent-decoding only (RFC 3986): a `+` in a value is a `+`.
-        let mut options: Vec<(String, String)> = Vec::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let key = decode(key)
-                .ok_or_else(|| bad("an option name is not valid percent-encoded UTF-8".into()))?;
-            let value = decode(value).ok_or_else(|| {
-                bad(format!(
-                    "option `{key}`: the value is not valid percent-encoded UTF-8"
-                ))
-            })?;
-            if options.iter().any(|(k, _)| *k == key) {
-                return Err(bad(format!("option `{key}` is given twice")));
-            }
-            options.push((key, value));
-        }
+        let hosts = if hosts.is_empty() && authority_kind == Authority::Optional {
+            Vec::new()
+        } else {
+            hosts
+                .split(',')
+                .map(parse_host)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(bad)?
+        };
+        let (options, raw_options) = split_query(query).map_err(bad)?;
         Ok(LockUrl {
             scheme: scheme.to_ascii_lowercase(),
             username,
@@ -156,6 +215,8 @@ impl LockUrl {
             hosts,
             path: path.to_string(),
             options,
+            raw_options,
+            secret_base,
             redacted,
         })
     }
@@ -190,6 +251,53 @@ impl LockUrl {
         self.options.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
+    /// The options in the order given, each alias (`(alias, name)` pairs)
+    /// read as its option's name, so old spellings keep working; one option
+    /// under two spellings is an option given twice.
+    ///
+    /// ```
+    /// use lock_core::url::LockUrl;
+    /// let u = LockUrl::parse("redis://h?timeout=1s", "redis://").unwrap();
+    /// let o = u.options_with_aliases(&[("timeout", "op_timeout")]).unwrap();
+    /// assert_eq!(o, vec![("op_timeout", "1s")]);
+    /// let u = LockUrl::parse("redis://h?timeout=1s&op_timeout=2s", "redis://").unwrap();
+    /// assert!(u.options_with_aliases(&[("timeout", "op_timeout")]).is_err());
+    /// ```
+    pub fn options_with_aliases<'a>(
+        &'a self,
+        aliases: &[(&str, &'a str)],
+    ) -> Result<Vec<(&'a str, &'a str)>, LockError> {
+        let mut out: Vec<(&str, &str)> = Vec::new();
+        for (key, value) in self.options() {
+            let name = aliases
+                .iter()
+                .find(|(alias, _)| *alias == key)
+                .map_or(key, |(_, name)| *name);
+            if out.iter().any(|(k, _)| *k == name) {
+                return Err(self.error(format_args!("option `{name}` is given twice")));
+            }
+            out.push((name, value));
+        }
+        Ok(out)
+    }
+
+    /// The URL as given, password included, keeping only the options for
+    /// which `keep(name)` is true, each exactly as written: for handing the
+    /// driver's own options (`sslmode=...`) to the driver. Never log it.
+    pub fn driver_url(&self, mut keep: impl FnMut(&str) -> bool) -> String {
+        let kept: Vec<&str> = self
+            .raw_options
+            .iter()
+            .filter(|(key, _)| keep(key))
+            .map(|(_, raw)| raw.as_str())
+            .collect();
+        if kept.is_empty() {
+            self.secret_base.clone()
+        } else {
+            format!("{}?{}", self.secret_base, kept.join("&"))
+        }
+    }
+
     /// A [`LockError::Config`] about this URL.
     pub fn error(&self, why: impl std::fmt::Display) -> LockError {
         LockError::Config(format!("`{}`: {why}", self.redacted))
@@ -207,16 +315,71 @@ impl LockUrl {
         ))
     }
 
-    /// The value of duration `option`, parsed by the one option grammar
-    /// ([`parse_duration`]).
+    /// The value of duration `option`, read by the one grammar
+    /// ([`duration::parse`]) with a bare number in milliseconds; at most a
+    /// day.
     pub fn duration(&self, option: &str, value: &str) -> Result<Duration, LockError> {
-        parse_duration(value).map_err(|e| self.option_error(option, e))
+        let d = duration::parse(value, BareNumber::Millis).map_err(|e| match e {
+            LockError::Config(why) => self.option_error(option, why),
+            other => other,
+        })?;
+        if d > MAX_OPTION {
+            return Err(self.option_error(
+                option,
+                format_args!("`{}` is longer than a day", value.trim()),
+            ));
+        }
+        Ok(d)
     }
 
-    /// As [`duration`](LockUrl::duration), refusing zero.
+    /// As [`duration`](LockUrl::duration), refusing zero (timeouts and
+    /// intervals).
     pub fn positive_duration(&self, option: &str, value: &str) -> Result<Duration, LockError> {
-        positive_duration(value).map_err(|e| self.option_error(option, e))
+        let d = self.duration(option, value)?;
+        if d.is_zero() {
+            return Err(self.option_error(option, "must be above zero"));
+        }
+        Ok(d)
     }
+}
+
+/// The scheme of `url` as written (before the first `:`), if it has one;
+/// for picking the parser before parsing.
+///
+/// ```
+/// assert_eq!(lock_core::url::scheme_of("Redis://h"), Some("Redis"));
+/// assert_eq!(lock_core::url::scheme_of("sqlite::memory:"), Some("sqlite"));
+/// assert_eq!(lock_core::url::scheme_of("/tmp/x"), None);
+/// ```
+pub fn scheme_of(url: &str) -> Option<&str> {
+    let end = url.find(':').filter(|&i| i > 0)?;
+    let scheme = &url[..end];
+    scheme
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        .then_some(scheme)
+}
+
+/// The decoded options, and each raw pair with its decoded key.
+/// Percent-decoding only (RFC 3986): a `+` in a value is a `+`.
+#[allow(clippy::type_complexity)]
+fn split_query(query: &str) -> Result<(Vec<(String, String)>, Vec<(String, String)>), String> {
+    let mut options: Vec<(String, String)> = Vec::new();
+    let mut raw = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let key =
+            decode(key).ok_or("an option name is not valid percent-encoded UTF-8".to_string())?;
+        let value = decode(value).ok_or_else(|| {
+            format!("option `{key}`: the value is not valid percent-encoded UTF-8")
+        })?;
+        if options.iter().any(|(k, _)| *k == key) {
+            return Err(format!("option `{key}` is given twice"));
+        }
+        raw.push((key.clone(), pair.to_string()));
+        options.push((key, value));
+    }
+    Ok((options, raw))
 }
 
 /// Percent-decodes `s` as UTF-8.
@@ -361,6 +524,63 @@ mod tests {
         );
         let u = LockUrl::parse("etcd://h%21x", "etcd://").unwrap();
         assert!(u.hosts()[0].endpoint(1).is_err());
+    }
+
+    #[test]
+    fn files_and_hostless_urls() {
+        for (url, path) in [
+            ("sqlite:///abs/x%20y.db", "/abs/x y.db"),
+            ("sqlite://rel.db", "rel.db"),
+            ("SQLite:rel.db?a=1", "rel.db"),
+            ("sqlite::memory:", ":memory:"),
+            ("sqlite:", ""),
+        ] {
+            let u = LockUrl::parse_file(url, "sqlite://PATH").unwrap();
+            assert_eq!((u.scheme(), u.path()), ("sqlite", path), "{url}");
+            assert!(u.hosts().is_empty());
+        }
+        assert!(LockUrl::parse_file(":x", "sqlite://PATH").is_err());
+        assert!(LockUrl::parse_file("sqlite:x?t=1&t=2", "sqlite://PATH").is_err());
+        let u = LockUrl::parse_optional_host("postgres:///db?host=/run/pg", "pg://").unwrap();
+        assert!(u.hosts().is_empty());
+        assert_eq!(u.path(), "/db");
+        assert!(LockUrl::parse("postgres:///db", "pg://").is_err());
+    }
+
+    #[test]
+    fn the_driver_gets_its_options_as_written() {
+        let u = LockUrl::parse(
+            "mysql://u:p%40w@h/db?table=t&ssl-mode=a+b%20c&max_poll=1s&x",
+            "mysql://",
+        )
+        .unwrap();
+        let ours = ["table", "max_poll"];
+        assert_eq!(
+            u.driver_url(|k| !ours.contains(&k)),
+            "mysql://u:p%40w@h/db?ssl-mode=a+b%20c&x"
+        );
+        assert_eq!(u.driver_url(|_| false), "mysql://u:p%40w@h/db");
+        assert!(!format!("{u:?}").contains("p%40w"));
+    }
+
+    #[test]
+    fn duration_options() {
+        let u = LockUrl::parse("x://h?t=1", "x://").unwrap();
+        let ok = |v: &str| u.duration("t", v).unwrap();
+        let err = |v: &str| match u.positive_duration("t", v) {
+            Err(LockError::Config(m)) => m,
+            other => panic!("{v}: {other:?}"),
+        };
+        assert_eq!(ok("250ms"), Duration::from_millis(250));
+        assert_eq!(ok("40"), Duration::from_millis(40));
+        assert_eq!(ok("1.5s"), Duration::from_millis(1500));
+        assert_eq!(ok("1h"), Duration::from_secs(3600));
+        assert_eq!(ok("24h"), Duration::from_secs(86400));
+        assert!(err("24h1ms").contains("longer than a day"));
+        assert!(err("99999m").contains("longer than a day"));
+        assert!(err("0").contains("above zero"));
+        assert!(err("2d").contains("option `t`: unknown unit"));
+        assert!(err("-1s").contains("`x://h?t=1`: option `t`"));
     }
 
     #[test]

@@ -1,4 +1,6 @@
-//! Waiting for a lock: one loop shared by every backend.
+//! Waiting for a lock: one loop for the backends that wait by retrying
+//! an attempt (Redis, SQL, memory). Backends whose server queues waiters
+//! (etcd, ZooKeeper) wait their own way.
 //!
 //! A backend with its own wake-up (pub/sub, watch, LISTEN/NOTIFY) passes a
 //! function that arms a fresh wake-up future before each attempt; the loop
@@ -45,8 +47,9 @@ impl Backoff {
     }
 }
 
-/// Polls `try_acquire` with jittered exponential backoff until it succeeds or
-/// `req.wait` runs out. The fallback for backends with no wake-up.
+/// Polls `backend.try_acquire` with jittered exponential backoff until it
+/// succeeds or `req.wait` runs out. The fallback for backends with no
+/// wake-up.
 ///
 /// # Cancel safety
 /// Cancel safe while sleeping; see [`LockBackend::try_acquire`] for a drop
@@ -56,37 +59,47 @@ pub async fn poll_acquire<B: LockBackend + ?Sized>(
     req: &AcquireRequest,
     backoff: Backoff,
 ) -> Result<Option<Lease>, LockError> {
-    acquire_loop(backend, req, backoff, std::future::pending::<()>).await
+    acquire_loop(
+        || backend.try_acquire(req),
+        req.wait_deadline(),
+        backoff,
+        std::future::pending::<()>,
+    )
+    .await
 }
 
-/// The wait loop: `arm` returns a wake-up future, created (and registered
-/// with its source) BEFORE each attempt so a release that happens between a
-/// failed attempt and the sleep still wakes the waiter.
+/// The wait loop: calls `attempt` (one try, e.g. `|| backend.try_acquire(req)`,
+/// or a backend's own attempt that also records what it learned) until it
+/// returns a lease or `deadline` passes. `arm` returns a wake-up future,
+/// created (and registered with its source) BEFORE each attempt so a
+/// release that happens between a failed attempt and the sleep still wakes
+/// the waiter.
 ///
-/// Retryable backend errors are retried until the wait runs out; the last one
-/// is then returned. Other errors are returned at once.
+/// Retryable errors are retried until the deadline; the last one is then
+/// returned. Other errors are returned at once.
 ///
 /// # Cancel safety
-/// Cancel safe while sleeping; see [`LockBackend::try_acquire`] for a drop
-/// during an attempt.
-pub async fn acquire_loop<B, W, F>(
-    backend: &B,
-    req: &AcquireRequest,
+/// Cancel safe while sleeping; a drop during an attempt is whatever
+/// dropping `attempt`'s future is (for `try_acquire`, see
+/// [`LockBackend::try_acquire`]).
+pub async fn acquire_loop<A, AF, W, F>(
+    mut attempt: A,
+    deadline: Instant,
     backoff: Backoff,
     mut arm: F,
 ) -> Result<Option<Lease>, LockError>
 where
-    B: LockBackend + ?Sized,
+    A: FnMut() -> AF,
+    AF: Future<Output = Result<Option<Lease>, LockError>>,
     W: Future<Output = ()>,
     F: FnMut() -> W,
 {
-    let deadline = req.wait_deadline();
     let mut delay = backoff.initial.max(Duration::from_millis(1));
     loop {
         let wake = arm();
-        let attempt = backend.try_acquire(req).await;
+        let result = attempt().await;
         let now = Instant::now();
-        match attempt {
+        match result {
             Ok(Some(lease)) => return Ok(Some(lease)),
             Ok(None) if now >= deadline => return Ok(None),
             Err(e) if !e.is_retryable() || now >= deadline => return Err(e),
@@ -105,6 +118,82 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{FencingToken, LockName, OwnerToken};
+
+    fn request(wait: Duration) -> AcquireRequest {
+        let name = LockName::new("w").unwrap();
+        AcquireRequest::new(name, OwnerToken::random(), Duration::from_secs(5), wait).unwrap()
+    }
+
+    /// The loop drives any attempt, not a backend: a closure that is
+    /// refused, then fails retryably, then wins is called exactly three
+    /// times and its lease returned.
+    #[tokio::test(start_paused = true)]
+    async fn drives_an_attempt_closure_until_it_wins() {
+        let req = request(Duration::from_secs(60));
+        let mut calls = 0;
+        let lease = acquire_loop(
+            || {
+                calls += 1;
+                let n = calls;
+                let req = &req;
+                async move {
+                    match n {
+                        1 => Ok(None),
+                        2 => Err(LockError::transient("t", "blip")),
+                        _ => Ok(Some(req.lease(
+                            FencingToken::new(7).unwrap(),
+                            req.ttl,
+                            Instant::now(),
+                        ))),
+                    }
+                }
+            },
+            req.wait_deadline(),
+            Backoff::default(),
+            std::future::pending::<()>,
+        )
+        .await
+        .unwrap()
+        .expect("a lease");
+        assert_eq!(calls, 3);
+        assert_eq!(lease.fence().get(), 7);
+    }
+
+    /// A permanent error ends the wait at once; a refusal past the
+    /// deadline gives `None`.
+    #[tokio::test(start_paused = true)]
+    async fn stops_on_permanent_errors_and_at_the_deadline() {
+        let req = request(Duration::from_secs(60));
+        let mut calls = 0;
+        let r = acquire_loop(
+            || {
+                calls += 1;
+                async { Err(LockError::permanent("t", "no")) }
+            },
+            req.wait_deadline(),
+            Backoff::default(),
+            std::future::pending::<()>,
+        )
+        .await;
+        assert!(matches!(
+            r,
+            Err(LockError::Backend {
+                retryable: false,
+                ..
+            })
+        ));
+        assert_eq!(calls, 1);
+        let req = request(Duration::from_millis(100));
+        let r = acquire_loop(
+            || async { Ok(None) },
+            req.wait_deadline(),
+            Backoff::default(),
+            std::future::pending::<()>,
+        )
+        .await;
+        assert!(matches!(r, Ok(None)));
+    }
 
     #[test]
     fn jitter_stays_in_range() {

@@ -5,35 +5,11 @@ use std::time::Duration;
 use lock_core::{FencingGuarantee, Guarantees, WaitMechanism};
 
 /// What each backend compiled into this build declares it guarantees, in a
-/// stable order. These are the claims the conformance suite selects cases
-/// by (and the fault suite is there to check).
-// Which pushes happen depends on the cargo features of the build.
-#[allow(clippy::vec_init_then_push)]
+/// stable order (that of the backend list in the registry). These are the
+/// claims the conformance suite selects cases by (and the fault suite is
+/// there to check).
 pub fn declared_guarantees() -> Vec<Guarantees> {
-    #[allow(unused_mut)]
-    let mut all = Vec::new();
-    #[cfg(feature = "memory")]
-    all.push(lock_core::LockBackend::guarantees(
-        &lock_core::MemoryBackend::new(),
-    ));
-    #[cfg(feature = "sql")]
-    all.extend(
-        [
-            backend_sql::Dialect::Sqlite,
-            backend_sql::Dialect::Postgres,
-            backend_sql::Dialect::MySql,
-        ]
-        .map(backend_sql::guarantees),
-    );
-    #[cfg(feature = "redis")]
-    all.push(backend_redis::guarantees());
-    #[cfg(feature = "redis")]
-    all.push(backend_redis::redlock_guarantees());
-    #[cfg(feature = "etcd")]
-    all.push(backend_etcd::guarantees());
-    #[cfg(feature = "zk")]
-    all.push(backend_zk::guarantees());
-    all
+    crate::registry::built_guarantees()
 }
 
 /// [`declared_guarantees`] as a Markdown table (what `polylock guarantees`

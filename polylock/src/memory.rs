@@ -5,10 +5,23 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use lock_core::{redact_url, LockBackend, LockError, MemoryBackend};
 
+/// The URL schemes of the in-process backend (read by the registry's test,
+/// as every backend crate's `URL_SCHEMES` is).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) const URL_SCHEMES: &[&str] = &["memory"];
+
+/// What the in-process backend promises.
+pub(crate) fn guarantees() -> lock_core::Guarantees {
+    MemoryBackend::new().guarantees()
+}
+
 /// `memory://` and `memory://NAME` connect to a process-wide table per NAME
 /// (the empty name is a table too), so two `connect` calls with the same URL
 /// see each other's locks, as two clients of one server would.
-pub(crate) fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
+///
+/// # Cancel safety
+/// Cancel safe: it does no I/O.
+pub(crate) async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
     let rest = url
         .split_once("://")
         .map(|(_, r)| r)

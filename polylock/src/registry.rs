@@ -1,161 +1,134 @@
-//! The one place that maps a URL scheme to a backend.
+//! The one list of backends: the URL schemes each serves, how to connect,
+//! what it promises, and the cargo feature that builds it. The scheme
+//! registry and the guarantees table are both read from it.
 
 use std::sync::Arc;
 
-use lock_core::{redact_url, LockBackend, LockError};
+use lock_core::{redact_url, Guarantees, LockBackend, LockError};
 
 use crate::BoxFuture;
 
 type Connect = fn(String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>>;
 
-/// A URL scheme polylock knows, whether or not this build includes it.
-struct Scheme {
-    scheme: &'static str,
+/// One backend crate, built into this binary or not.
+pub(crate) struct Entry {
     /// The cargo feature that brings it in.
     feature: &'static str,
-    connect: Option<Connect>,
+    /// Its URL schemes: the crate's `URL_SCHEMES` (a test checks), written
+    /// here too so an error can name the feature of a backend not built.
+    schemes: &'static [&'static str],
+    /// `None` when the feature is off.
+    built: Option<Built>,
 }
 
-/// A table entry: its connect function exists only when its cargo feature
-/// is on; otherwise the entry stays, so errors can name the feature.
-macro_rules! scheme {
-    ($scheme:literal, $feature:literal, $connect:expr) => {
-        Scheme {
-            scheme: $scheme,
+#[derive(Clone, Copy)]
+struct Built {
+    connect: Connect,
+    /// One entry per kind the crate serves (SQL dialect, Redis algorithm).
+    guarantees: fn() -> Vec<Guarantees>,
+}
+
+/// An entry whose `connect` and `guarantees` exist only when its cargo
+/// feature is on; `$krate` exports `URL_SCHEMES` and `connect(url)`.
+macro_rules! backend {
+    ($feature:literal, [$($scheme:literal),+ $(,)?], $krate:path, $guarantees:expr) => {
+        Entry {
             feature: $feature,
+            schemes: &[$($scheme),+],
             #[cfg(feature = $feature)]
-            connect: Some($connect),
+            built: Some(Built {
+                connect: |url| Box::pin(async move {
+                    use $krate as krate;
+                    krate::connect(&url).await
+                }),
+                guarantees: $guarantees,
+            }),
             #[cfg(not(feature = $feature))]
-            connect: None,
-        }
-    };
-    ($scheme:literal, $feature:literal) => {
-        Scheme {
-            scheme: $scheme,
-            feature: $feature,
-            connect: None,
+            built: None,
         }
     };
 }
 
-/// Every scheme, compiled in or not, so an error can say which feature to
-/// turn on.
-const SCHEMES: &[Scheme] = &[
-    scheme!("memory", "memory", connect_memory),
-    scheme!("redis", "redis", connect_redis),
-    scheme!("rediss", "redis", connect_redis),
-    scheme!("redis+cluster", "redis", connect_redis),
-    scheme!("redlock", "redis", connect_redlock),
-    scheme!("etcd", "etcd", connect_etcd),
-    scheme!("etcds", "etcd", connect_etcd),
-    scheme!("zk", "zk", connect_zk),
-    scheme!("sqlite", "sql", connect_sql),
-    scheme!("postgres", "sql", connect_sql),
-    scheme!("postgresql", "sql", connect_sql),
-    scheme!("mysql", "sql", connect_sql),
-    scheme!("mariadb", "sql", connect_sql),
+/// Every backend, in the order of the guarantees table.
+pub(crate) const BACKENDS: &[Entry] = &[
+    backend!("memory", ["memory"], crate::memory, || vec![
+        crate::memory::guarantees()
+    ]),
+    backend!(
+        "sql",
+        ["sqlite", "postgres", "postgresql", "mysql", "mariadb"],
+        backend_sql,
+        || backend_sql::Dialect::ALL
+            .map(backend_sql::guarantees)
+            .to_vec()
+    ),
+    backend!(
+        "redis",
+        ["redis", "rediss", "redis+cluster", "redlock"],
+        backend_redis,
+        || backend_redis::Algorithm::ALL
+            .map(backend_redis::guarantees)
+            .to_vec()
+    ),
+    backend!("etcd", ["etcd", "etcds"], backend_etcd, || vec![
+        backend_etcd::guarantees()
+    ]),
+    backend!("zk", ["zk"], backend_zk, || vec![backend_zk::guarantees()]),
 ];
 
-/// `memory://NAME`: a process-wide in-memory table per NAME.
-#[cfg(feature = "memory")]
-fn connect_memory(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>> {
-    Box::pin(async move { crate::memory::connect(&url) })
-}
-
-/// `sqlite://`, `postgres://`, `postgresql://`, `mysql://`, `mariadb://`:
-/// one SQL client (its own pool); the URL's query carries the options.
-#[cfg(feature = "sql")]
-fn connect_sql(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>> {
-    Box::pin(async move {
-        let backend = backend_sql::SqlBackend::connect(&url).await?;
-        Ok(Arc::new(backend) as Arc<dyn LockBackend>)
-    })
-}
-
-/// `redis://`, `rediss://`, `redis+cluster://`: one Redis client (a
-/// multiplexed connection, plus a pub/sub connection once something waits);
-/// the URL's query carries the options.
-#[cfg(feature = "redis")]
-fn connect_redis(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>> {
-    Box::pin(async move {
-        let backend = backend_redis::RedisBackend::connect(&url).await?;
-        Ok(Arc::new(backend) as Arc<dyn LockBackend>)
-    })
-}
-
-/// `redlock://h1:p1,h2:p2,h3:p3,...`: Redlock over N >= 3 independent
-/// Redis masters; see `backend_redis::RedlockConfig` for the options.
-#[cfg(feature = "redis")]
-fn connect_redlock(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>> {
-    Box::pin(async move {
-        let backend = backend_redis::RedlockBackend::connect(&url).await?;
-        Ok(Arc::new(backend) as Arc<dyn LockBackend>)
-    })
-}
-
-/// `etcd://` and `etcds://`: one etcd client (its own channel and
-/// sessions); see `backend_etcd::EtcdConfig` for the URL's options.
-#[cfg(feature = "etcd")]
-fn connect_etcd(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>> {
-    Box::pin(async move { backend_etcd::connect(&url).await })
-}
-
-/// `zk://`: one ZooKeeper client (one session per TTL); see
-/// `backend_zk::ZkConfig` for the URL's options.
-#[cfg(feature = "zk")]
-fn connect_zk(url: String) -> BoxFuture<Result<Arc<dyn LockBackend>, LockError>> {
-    Box::pin(async move { backend_zk::connect(&url).await })
+/// What every backend built into this binary promises, in table order.
+pub(crate) fn built_guarantees() -> Vec<Guarantees> {
+    BACKENDS
+        .iter()
+        .filter_map(|e| e.built)
+        .flat_map(|b| (b.guarantees)())
+        .collect()
 }
 
 /// The schemes this build can connect to.
 pub fn available_schemes() -> Vec<&'static str> {
-    SCHEMES
+    schemes_of(BACKENDS)
+}
+
+fn schemes_of(table: &[Entry]) -> Vec<&'static str> {
+    table
         .iter()
-        .filter(|s| s.connect.is_some())
-        .map(|s| s.scheme)
+        .filter(|e| e.built.is_some())
+        .flat_map(|e| e.schemes.iter().copied())
         .collect()
 }
 
 /// The scheme of `url`, lowercased; an error for a string with none.
 fn scheme_of(url: &str) -> Result<String, LockError> {
-    let end = url.find(':').filter(|&i| i > 0).ok_or_else(|| {
-        LockError::Config(format!(
+    if !url.contains(':') || url.starts_with(':') {
+        return Err(LockError::Config(format!(
             "`{}` is not a lock URL: expected SCHEME://..., with SCHEME one of {}",
             redact_url(url),
             available_schemes().join(", ")
-        ))
-    })?;
-    let scheme = &url[..end];
-    if !scheme
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
-    {
-        return Err(LockError::Config(format!(
-            "`{}` is not a lock URL: the scheme has invalid characters",
-            redact_url(url)
         )));
     }
-    Ok(scheme.to_ascii_lowercase())
+    lock_core::url::scheme_of(url)
+        .map(str::to_ascii_lowercase)
+        .ok_or_else(|| {
+            LockError::Config(format!(
+                "`{}` is not a lock URL: the scheme has invalid characters",
+                redact_url(url)
+            ))
+        })
 }
 
 pub(crate) async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
-    resolve(SCHEMES, url).await
+    resolve(BACKENDS, url).await
 }
 
-async fn resolve(table: &[Scheme], url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
+async fn resolve(table: &[Entry], url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
     let scheme = scheme_of(url)?;
-    let available: Vec<_> = table
-        .iter()
-        .filter(|s| s.connect.is_some())
-        .map(|s| s.scheme)
-        .collect();
-    let available = available.join(", ");
-    match table.iter().find(|s| s.scheme == scheme) {
-        Some(Scheme {
-            connect: Some(connect),
-            ..
-        }) => connect(url.to_string()).await,
-        Some(Scheme { feature, .. }) => Err(LockError::Config(format!(
+    let available = schemes_of(table).join(", ");
+    match table.iter().find(|e| e.schemes.contains(&scheme.as_str())) {
+        Some(Entry {
+            built: Some(built), ..
+        }) => (built.connect)(url.to_string()).await,
+        Some(Entry { feature, .. }) => Err(LockError::Config(format!(
             "the `{scheme}` scheme needs polylock built with the `{feature}` cargo feature; \
              this build has: {available}"
         ))),
@@ -173,19 +146,22 @@ mod tests {
     #[tokio::test]
     async fn a_scheme_whose_feature_is_off_names_the_feature_and_what_is_on() {
         let table = [
-            Scheme {
-                scheme: "memory",
+            Entry {
                 feature: "memory",
-                connect: Some(|_| {
-                    Box::pin(async {
-                        Ok(Arc::new(lock_core::MemoryBackend::new()) as Arc<dyn LockBackend>)
-                    })
+                schemes: &["memory"],
+                built: Some(Built {
+                    connect: |_| {
+                        Box::pin(async {
+                            Ok(Arc::new(lock_core::MemoryBackend::new()) as Arc<dyn LockBackend>)
+                        })
+                    },
+                    guarantees: Vec::new,
                 }),
             },
-            Scheme {
-                scheme: "redis",
+            Entry {
                 feature: "redis",
-                connect: None,
+                schemes: &["redis"],
+                built: None,
             },
         ];
         let err = resolve(&table, "redis://:pw@localhost").await.unwrap_err();
@@ -202,6 +178,47 @@ mod tests {
             resolve(&table, "MEMORY://").await.is_ok(),
             "schemes are case-insensitive"
         );
+    }
+
+    /// Each entry names a cargo feature of this crate, and, when built,
+    /// the schemes its crate serves: nothing is advertised that is not
+    /// built, or built under another name.
+    #[test]
+    fn entries_match_their_features_and_crates() {
+        let manifest = include_str!("../Cargo.toml");
+        let features = &manifest[manifest.find("[features]").unwrap()..];
+        let features = &features[..features[1..].find("\n[").unwrap()];
+        for e in BACKENDS {
+            assert!(
+                features.contains(&format!("\n{} = ", e.feature)),
+                "no cargo feature `{}`",
+                e.feature
+            );
+        }
+        let crate_schemes: &[(&str, &[&str])] = &[
+            #[cfg(feature = "memory")]
+            ("memory", crate::memory::URL_SCHEMES),
+            #[cfg(feature = "sql")]
+            ("sql", backend_sql::URL_SCHEMES),
+            #[cfg(feature = "redis")]
+            ("redis", backend_redis::URL_SCHEMES),
+            #[cfg(feature = "etcd")]
+            ("etcd", backend_etcd::URL_SCHEMES),
+            #[cfg(feature = "zk")]
+            ("zk", backend_zk::URL_SCHEMES),
+        ];
+        let built: Vec<_> = BACKENDS.iter().filter(|e| e.built.is_some()).collect();
+        assert_eq!(built.len(), crate_schemes.len());
+        for (feature, schemes) in crate_schemes {
+            let e = BACKENDS.iter().find(|e| e.feature == *feature).unwrap();
+            assert!(e.built.is_some(), "{feature}");
+            assert_eq!(e.schemes, *schemes, "{feature}");
+        }
+        let mut all: Vec<_> = BACKENDS.iter().flat_map(|e| e.schemes).collect();
+        let n = all.len();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), n, "a scheme is listed twice");
     }
 
     /// `redlock://` reaches the Redlock backend: its own configuration

@@ -7,8 +7,8 @@
 //! At least three hosts, each an independent Redis master (not replicas of
 //! one another, not one cluster); every host gets the same credentials and
 //! database. Options (query parameters, durations as everywhere in
-//! polylock, see `lock_core::options`):
-//! - `timeout=DURATION`: how long one node may take to answer one request
+//! polylock, see [`lock_core::duration`]; a bare number is milliseconds):
+//! - `op_timeout=DURATION` (also `timeout=`): how long one node may take to answer one request
 //!   before it counts as failed for that request; default 100ms. Keep it
 //!   small against the TTL: a request waits for every node up to this long.
 //! - `drift_factor=F` and `drift=DURATION`: the clock drift allowed for,
@@ -27,7 +27,7 @@ use lock_core::LockError;
 
 use crate::config::{credentials, database, Node, RedisConfig, DEFAULT_PREFIX};
 
-/// The default for `timeout=`.
+/// The default for `op_timeout=`.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);
 /// The default for `drift_factor=`.
 pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
@@ -39,11 +39,14 @@ pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(200);
 /// already a lost majority.
 pub const MIN_NODES: usize = 3;
 
-const OPTIONS: &str = "timeout, drift_factor, drift, retry_delay, prefix";
+const OPTIONS: &str = "op_timeout, drift_factor, drift, retry_delay, prefix";
+
+/// Old spellings, still read.
+const ALIASES: &[(&str, &str)] = &[("timeout", "op_timeout")];
 
 /// A parsed `redlock://` URL.
 ///
-/// `Debug` and [`url`](RedlockConfig::url) show the URL with the password
+/// `Debug` and [`redacted_url`](RedlockConfig::redacted_url) show the URL with the password
 /// replaced by `***`.
 #[derive(Clone)]
 pub struct RedlockConfig {
@@ -75,13 +78,13 @@ impl RedlockConfig {
     ///
     /// ```
     /// use backend_redis::RedlockConfig;
-    /// let c = RedlockConfig::from_url("redlock://:pw@a:1,b:2,c:3?timeout=50ms").unwrap();
+    /// let c = RedlockConfig::parse("redlock://:pw@a:1,b:2,c:3?timeout=50ms").unwrap();
     /// assert_eq!(c.node_count(), 3);
     /// assert_eq!(c.quorum(), 2);
     /// assert!(!format!("{c:?}").contains("pw"));
-    /// assert!(RedlockConfig::from_url("redlock://a:1,b:2").is_err());
+    /// assert!(RedlockConfig::parse("redlock://a:1,b:2").is_err());
     /// ```
-    pub fn from_url(url: &str) -> Result<RedlockConfig, LockError> {
+    pub fn parse(url: &str) -> Result<RedlockConfig, LockError> {
         let u = LockUrl::parse(url, "redlock://host:port,host:port,host:port")?;
         if u.scheme() != "redlock" {
             return Err(u.error(format_args!(
@@ -116,9 +119,9 @@ impl RedlockConfig {
         let mut drift = DEFAULT_DRIFT;
         let mut retry_delay = DEFAULT_RETRY_DELAY;
         let mut prefix = DEFAULT_PREFIX.to_string();
-        for (key, value) in u.options() {
+        for (key, value) in u.options_with_aliases(ALIASES)? {
             match key {
-                "timeout" => timeout = u.positive_duration(key, value)?,
+                "op_timeout" => timeout = u.positive_duration(key, value)?,
                 "drift" => drift = u.duration(key, value)?,
                 "retry_delay" => retry_delay = u.positive_duration(key, value)?,
                 "prefix" => prefix = value.to_string(),
@@ -165,7 +168,7 @@ impl RedlockConfig {
     }
 
     /// The URL with the password redacted.
-    pub fn url(&self) -> &str {
+    pub fn redacted_url(&self) -> &str {
         &self.redacted
     }
 
@@ -201,7 +204,7 @@ mod tests {
     use super::*;
 
     fn err(url: &str) -> String {
-        match RedlockConfig::from_url(url) {
+        match RedlockConfig::parse(url) {
             Err(LockError::Config(m)) => m,
             other => panic!("{url}: expected a Config error, got {other:?}"),
         }
@@ -209,7 +212,7 @@ mod tests {
 
     #[test]
     fn parses_node_lists_and_options() {
-        let c = RedlockConfig::from_url(
+        let c = RedlockConfig::parse(
             "redlock://u:p%40ss@a:1,b:2,c:3,d:4,e:5/2?timeout=30ms&drift_factor=0.02&drift=5ms&retry_delay=1s&prefix=x:",
         )
         .unwrap();
@@ -225,7 +228,7 @@ mod tests {
         assert_eq!((n.db, n.prefix.as_str()), (2, "x:"));
         assert_eq!(n.password.as_deref(), Some("p@ss"));
         assert_eq!(n.timeout, Duration::from_millis(30));
-        let d = RedlockConfig::from_url("redlock://a,b,[::1]:7").unwrap();
+        let d = RedlockConfig::parse("redlock://a,b,[::1]:7").unwrap();
         assert_eq!(d.quorum(), 2);
         assert_eq!(d.timeout, DEFAULT_NODE_TIMEOUT);
         assert_eq!(d.nodes[0].nodes[0].port, 6379);
@@ -243,6 +246,9 @@ mod tests {
         assert!(err("redlock://a,b,c?timeout=0").contains("above zero"));
         assert!(err("redlock://a,b,c?format=redisson").contains("unknown option `format`"));
         assert!(err("redlock://a,b,c?timeout=1&timeout=2").contains("twice"));
+        assert!(err("redlock://a,b,c?timeout=1&op_timeout=2").contains("twice"));
+        let c = RedlockConfig::parse("redlock://a,b,c?op_timeout=0.5s").unwrap();
+        assert_eq!(c.node_timeout(), Duration::from_millis(500));
         assert!(err("redlock://a,b,c/x").contains("database number"));
     }
 
@@ -250,9 +256,9 @@ mod tests {
     fn never_shows_the_password() {
         let m = err("redlock://u:hunter2@a,b?timeout=1");
         assert!(!m.contains("hunter2"), "{m}");
-        let c = RedlockConfig::from_url("redlock://u:hunter2@a,b,c").unwrap();
+        let c = RedlockConfig::parse("redlock://u:hunter2@a,b,c").unwrap();
         assert!(!format!("{c:?}").contains("hunter2"));
-        assert!(!c.url().contains("hunter2"));
+        assert!(!c.redacted_url().contains("hunter2"));
         assert!(!format!("{:?}", c.nodes[0]).contains("hunter2"));
     }
 }

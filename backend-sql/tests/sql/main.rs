@@ -1,6 +1,8 @@
 //! Integration tests of the SQL backend against real databases: SQLite
 //! files, and PostgreSQL and MariaDB servers spawned by the test kit.
 
+// The test support every backend crate keeps in tests/common/mod.rs.
+#[path = "../common/mod.rs"]
 mod common;
 mod config;
 mod fencing;

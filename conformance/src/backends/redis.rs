@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use backend_redis::{RedisBackend, RedlockBackend};
+use backend_redis::{Algorithm, RedisBackend, RedlockBackend};
 use lock_core::{Guarantees, LockBackend, LockError};
 use testkit::{Mode, Proxy, RedisCluster, RedisServer};
 
@@ -29,7 +29,7 @@ struct RedisFixture {
 #[async_trait]
 impl Fixture for RedisFixture {
     fn guarantees(&self) -> Guarantees {
-        backend_redis::guarantees()
+        backend_redis::guarantees(Algorithm::SingleInstance)
     }
     async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
         Ok(Arc::new(RedisBackend::connect(&self.url).await?))
@@ -79,7 +79,7 @@ fn cluster(query: &str) -> Result<Arc<dyn Fixture>, String> {
 pub(super) fn plain() -> Registration {
     Registration {
         label: "redis-plain",
-        guarantees: backend_redis::guarantees,
+        guarantees: || backend_redis::guarantees(Algorithm::SingleInstance),
         setup: || single(""),
     }
 }
@@ -88,7 +88,7 @@ pub(super) fn plain() -> Registration {
 pub(super) fn redisson() -> Registration {
     Registration {
         label: "redis-redisson",
-        guarantees: backend_redis::guarantees,
+        guarantees: || backend_redis::guarantees(Algorithm::SingleInstance),
         setup: || single("?format=redisson"),
     }
 }
@@ -97,7 +97,7 @@ pub(super) fn redisson() -> Registration {
 pub(super) fn cluster_plain() -> Registration {
     Registration {
         label: "redis-cluster-plain",
-        guarantees: backend_redis::guarantees,
+        guarantees: || backend_redis::guarantees(Algorithm::SingleInstance),
         setup: || cluster(""),
     }
 }
@@ -106,7 +106,7 @@ pub(super) fn cluster_plain() -> Registration {
 pub(super) fn cluster_redisson() -> Registration {
     Registration {
         label: "redis-cluster-redisson",
-        guarantees: backend_redis::guarantees,
+        guarantees: || backend_redis::guarantees(Algorithm::SingleInstance),
         setup: || cluster("?format=redisson"),
     }
 }
@@ -122,7 +122,7 @@ struct RedlockFixture {
 #[async_trait]
 impl Fixture for RedlockFixture {
     fn guarantees(&self) -> Guarantees {
-        backend_redis::redlock_guarantees()
+        backend_redis::guarantees(Algorithm::Redlock)
     }
     async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
         let url = format!("redlock://{}", RedisServer::host_list(&self.servers));
@@ -156,7 +156,7 @@ impl Fixture for RedlockFixture {
 pub(super) fn redlock() -> Registration {
     Registration {
         label: "redlock",
-        guarantees: backend_redis::redlock_guarantees,
+        guarantees: || backend_redis::guarantees(Algorithm::Redlock),
         setup: || {
             let servers = RedisServer::start_independent(5, &[]).map_err(|e| e.to_string())?;
             Ok(Arc::new(RedlockFixture {

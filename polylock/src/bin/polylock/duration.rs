@@ -1,41 +1,18 @@
-//! Human durations on the command line: `500ms`, `30s`, `2m`, `1h`, `1m30s`;
-//! a bare number is seconds.
+//! Durations on the command line: polylock's one grammar
+//! ([`polylock::duration`]: `500ms`, `1.5s`, `2m`, `1h`, `1m30s`), with a
+//! bare number in seconds (`--ttl 30` is 30 s), as it always was here.
 
 use std::time::Duration;
 
+use polylock::duration::BareNumber;
+use polylock::LockError;
+
 /// Parses `s`; the error says what is accepted.
 pub(crate) fn parse(s: &str) -> Result<Duration, String> {
-    let bad = || format!("`{s}` is not a duration: use e.g. 500ms, 30s, 2m, 1h or 1m30s");
-    let s = s.trim();
-    if s.is_empty() {
-        return Err(bad());
-    }
-    if let Ok(secs) = s.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-        if digits == 0 {
-            return Err(bad());
-        }
-        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let part = match &rest[..unit_len] {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(bad)?),
-            "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?),
-            _ => return Err(bad()),
-        };
-        total = total.checked_add(part).ok_or_else(bad)?;
-        rest = &rest[unit_len..];
-    }
-    Ok(total)
+    polylock::duration::parse(s, BareNumber::Secs).map_err(|e| match e {
+        LockError::Config(why) => why,
+        other => other.to_string(),
+    })
 }
 
 /// `Duration` as people write it: `1m30s`, `250ms`.
@@ -69,7 +46,9 @@ mod tests {
         assert_eq!(parse("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse("1m30s").unwrap(), Duration::from_secs(90));
         assert_eq!(parse("2h").unwrap(), Duration::from_secs(7200));
-        for bad in ["", "s", "10x", "1.5s", "-1s", "99999999999999999999h"] {
+        assert_eq!(parse("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse("0.25s").unwrap(), Duration::from_millis(250));
+        for bad in ["", "s", "10x", "-1s", "99999999999999999999h"] {
             assert!(parse(bad).is_err(), "{bad}");
         }
         assert_eq!(show(Duration::from_secs(90)), "1m30s");

@@ -39,9 +39,20 @@ pub(crate) struct Db {
 }
 
 impl Db {
-    /// A lock URL on this database with `options` added.
+    /// A lock URL on this database with `options` added; one already in
+    /// the URL (the fresh `table=`) is replaced, since an option may be
+    /// given only once.
     pub(crate) fn url_with(&self, options: &str) -> String {
-        format!("{}&{options}", self.url)
+        let given: Vec<&str> = options
+            .split('&')
+            .map(|p| p.split('=').next().unwrap_or(p))
+            .collect();
+        let (base, query) = self.url.split_once('?').unwrap_or((&self.url, ""));
+        let kept = query
+            .split('&')
+            .filter(|p| !p.is_empty() && !given.contains(&p.split('=').next().unwrap_or(p)));
+        let query: Vec<&str> = kept.chain(std::iter::once(options)).collect();
+        format!("{base}?{}", query.join("&"))
     }
 
     /// A new client.
