@@ -162,8 +162,14 @@ impl MigrateBackend {
     ) -> Result<Option<Lease>, LockError> {
         let deadline = req.wait_deadline();
         let mut retry = Duration::from_millis(5);
+        // One more attempt than the wait allows when the legacy lease ran
+        // out while the target was taken (a first connection is slow).
+        let mut legacy_ran_out = false;
         loop {
             let mut side = req.clone();
+            // Both sides are asked for what the coarser one grants, so the
+            // holding lasts the TTL the guarantees declare.
+            side.ttl = self.guarantees.effective_ttl(req.ttl);
             side.wait = deadline.saturating_duration_since(Instant::now());
             let legacy = if wait && !side.wait.is_zero() {
                 self.legacy.acquire(&side).await?
@@ -185,14 +191,19 @@ impl MigrateBackend {
                 self.target.try_acquire(&side).await
             };
             match target {
-                Ok(Some(target)) if !legacy.is_expired() => {
-                    return Ok(Some(combine(legacy, target)))
-                }
-                Ok(Some(target)) => {
-                    // Too late: the legacy lock may have expired meanwhile.
-                    self.release_quietly(&self.target, &target).await;
-                    self.release_quietly(&self.legacy, &legacy).await;
-                }
+                Ok(Some(target)) => match self.refresh_legacy(legacy).await {
+                    Ok(legacy) => return Ok(Some(combine(legacy, target))),
+                    Err(e) => {
+                        self.release_quietly(&self.target, &target).await;
+                        if !e.is_lost() {
+                            return Err(e);
+                        }
+                        if !legacy_ran_out {
+                            legacy_ran_out = true;
+                            continue;
+                        }
+                    }
+                },
                 Ok(None) => self.release_quietly(&self.legacy, &legacy).await,
                 Err(e) => {
                     self.release_quietly(&self.legacy, &legacy).await;
@@ -208,6 +219,26 @@ impl MigrateBackend {
             let offset = Duration::from_millis((req.owner.as_u128() % 20) as u64);
             sleep((retry + offset).min(left)).await;
             retry = (retry * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    /// The legacy lease, renewed if taking the target used up half of it
+    /// (a slow first connection, a long wait): the composite deadline is
+    /// measured from the legacy request, so it would otherwise be over
+    /// before the holder starts. A renew never resurrects, so success means
+    /// the legacy lock was ours throughout. On failure the legacy lock is
+    /// released.
+    async fn refresh_legacy(&self, legacy: Lease) -> Result<Lease, LockError> {
+        let left = legacy.deadline().saturating_duration_since(Instant::now());
+        if left > legacy.ttl() / 2 {
+            return Ok(legacy);
+        }
+        match self.legacy.renew(&legacy).await {
+            Ok(renewed) => Ok(renewed),
+            Err(e) => {
+                self.release_quietly(&self.legacy, &legacy).await;
+                Err(e)
+            }
         }
     }
 
