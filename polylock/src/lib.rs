@@ -23,6 +23,8 @@ pub use lock_core::*;
 mod guarantees;
 #[cfg(feature = "memory")]
 mod memory;
+#[cfg(feature = "migrate")]
+mod migrate;
 mod registry;
 
 pub use guarantees::{declared_guarantees, guarantees_table};
@@ -43,8 +45,18 @@ pub async fn connect(url: &str) -> Result<Locker, LockError> {
 /// # Cancel safety
 /// Cancel safe: a dropped connect leaves no lock behind.
 pub async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
+    #[cfg(feature = "migrate")]
+    if backend_migrate::is_migrate_url(url) {
+        return Ok(Arc::new(connect_migrate(url).await?));
+    }
     registry::connect_backend(url).await
 }
+
+#[cfg(feature = "migrate")]
+pub use migrate::{connect_migrate, connect_migrate_config};
+/// The migration lock: see [`connect_migrate`].
+#[cfg(feature = "migrate")]
+pub use backend_migrate::{MigrateBackend, MigrateConfig, Phase, Sides};
 
 /// The README's examples, compiled as doc tests so they cannot rot.
 #[doc = include_str!("../../README.md")]

@@ -141,7 +141,10 @@ deadline; if the lock is found lost, it is killed at once.
     /// Show who holds a lock, its fencing token and time left (exit 1 if free).
     #[command(after_help = "Examples:
   polylock status nightly-report
-  polylock --url redis://cache:6379 status deploy")]
+  polylock --url redis://cache:6379 status deploy
+
+For a migration lock (--url migrate+LEGACY_URL?to=TARGET_URL&phase=...), both sides are
+shown: who holds the legacy lock and who holds the target lock.")]
     Status {
         /// Lock name.
         name: String,
@@ -379,6 +382,9 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Guarantees => {
             print!("{}", polylock::guarantees_table());
             Ok(0)
+        }
+        Command::Status { name } if polylock::MigrateConfig::parse(&url).is_ok() => {
+            admin::status_migrate(&url, &name).await
         }
         Command::Status { name } => admin::status(&connect(&url).await?, &name).await,
         Command::Release { name, force } => {
