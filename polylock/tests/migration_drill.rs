@@ -75,6 +75,7 @@ impl Drill {
                 .arg(d.path(&format!("{c}.log")))
                 .arg(d.path("stop"))
                 .stdin(Stdio::null())
+                .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
                 .unwrap();
@@ -137,6 +138,7 @@ impl Drill {
                 .arg(self.register.addr().port().to_string())
                 .arg(self.path("foreign-stop"))
                 .stdin(Stdio::null())
+                .stdout(Stdio::null())
                 .spawn()
                 .unwrap();
             self.foreign.push(child);
@@ -189,6 +191,18 @@ impl Drill {
             }
         }
         report
+    }
+}
+
+/// A failed drill still stops every client it started.
+impl Drop for Drill {
+    fn drop(&mut self) {
+        let _ = fs::write(self.path("stop"), "");
+        let _ = fs::write(self.path("foreign-stop"), "");
+        for c in self.polylock.iter_mut().chain(self.foreign.iter_mut()) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 
