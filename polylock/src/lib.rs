@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 pub use lock_core::*;
 
+pub mod config;
 mod guarantees;
 #[cfg(feature = "memory")]
 mod memory;
@@ -27,6 +28,7 @@ mod memory;
 mod migrate;
 mod registry;
 
+pub use config::{connect_from_env, Config};
 pub use guarantees::{declared_guarantees, guarantees_table};
 pub use registry::available_schemes;
 
