@@ -159,8 +159,9 @@ impl Config {
             ],
             &at,
         )?;
-        let ttl = duration(root, "ttl", &at)?;
-        let wait = duration(root, "wait", &at)?;
+        let ttl = duration(root, "ttl", true, &at)?;
+        // A wait of zero is one attempt.
+        let wait = duration(root, "wait", false, &at)?;
         let watchdog = match root.get("watchdog") {
             None => true,
             Some(item) => item
@@ -287,14 +288,24 @@ fn check_keys(table: &Table, prefix: &str, known: &[&str], at: &At<'_>) -> Resul
     Ok(())
 }
 
-fn duration(t: &Table, key: &str, at: &At<'_>) -> Result<Option<Duration>, LockError> {
+fn duration(
+    t: &Table,
+    key: &str,
+    positive: bool,
+    at: &At<'_>,
+) -> Result<Option<Duration>, LockError> {
     let Some(item) = t.get(key) else {
         return Ok(None);
     };
     let s = item
         .as_str()
         .ok_or_else(|| at(key, &"expected a duration string such as \"30s\" or \"1500ms\""))?;
-    let d = lock_core::options::positive_duration(s).map_err(|e| at(key, &e))?;
+    let d = if positive {
+        lock_core::options::positive_duration(s)
+    } else {
+        lock_core::options::parse_duration(s)
+    }
+    .map_err(|e| at(key, &e))?;
     Ok(Some(d))
 }
 
