@@ -377,6 +377,11 @@ fn credentials(
 /// Appends the URL options `key_prefix` and `[tls]` stand for, under each
 /// backend's own option names.
 fn with_options(root: &Table, url: String, at: &At<'_>) -> Result<String, LockError> {
+    if !root.contains_key("key_prefix") && !root.contains_key("tls") {
+        // Nothing to add; SQLite paths (`sqlite:///abs/file.db`) are not
+        // host lists, so the URL is left to its backend.
+        return Ok(url);
+    }
     let parsed = LockUrl::parse(&url, "SCHEME://HOST...").map_err(|e| at("url", &strip(e)))?;
     let scheme = parsed.scheme().to_string();
     let mut options: Vec<(&str, String, String)> = Vec::new();
