@@ -127,6 +127,7 @@ fn status_of_a_migration_lock_shows_both_sides() {
     let lines: Vec<_> = s.lines().collect();
     assert!(lines[1].starts_with("  legacy (redis://") && lines[1].contains("held by"), "{s}");
     assert!(lines.iter().any(|l| l.starts_with("  target (etcd://") && l.ends_with("free")), "{s}");
+    assert!(s.contains("legacy side only: a legacy-only client"), "{s}");
     rt.block_on(g.release()).unwrap();
 
     // A `both` client: both sides held, the target's fence shown.
@@ -140,6 +141,7 @@ fn status_of_a_migration_lock_shows_both_sides() {
     assert!(s.starts_with("report: migration lock (this URL's phase: both)"), "{s}");
     let target_at = s.find("  target (etcd://").expect(&s);
     assert!(s[..target_at].contains("held by"), "{s}");
+    assert!(!s.contains("legacy side only"), "{s}");
     assert!(
         s[target_at..].contains(&format!("fencing token: {}", g.fence())),
         "{s}"

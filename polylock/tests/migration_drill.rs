@@ -156,6 +156,42 @@ impl Drill {
         self.register.mark("legacy fleet retired");
     }
 
+    /// `polylock --url MIGRATE_URL status NAME` (the playbook's check): the
+    /// legacy fencing token when only the legacy side is held.
+    fn legacy_only(&self) -> Option<String> {
+        let o = Command::new(env!("CARGO_BIN_EXE_polylock"))
+            .args(["--url", &self.url(Phase::Both), "status", NAME])
+            .env_remove("POLYLOCK_CONFIG")
+            .output()
+            .unwrap();
+        let s = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            matches!(o.status.code(), Some(0 | 1)),
+            "status: {s}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(s.contains("  legacy (") && s.contains("  target ("), "{s}");
+        if !s.contains("legacy side only") {
+            return None;
+        }
+        let fence = s
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("fencing token:"))
+            .map(|f| f.trim().to_string());
+        Some(fence.unwrap_or_default())
+    }
+
+    /// The playbook's check for a legacy-only client: `status` shows the
+    /// legacy side held alone with the same legacy fencing token on two runs
+    /// a second apart. (A `both` client holds the legacy side alone only
+    /// while it takes the target lock: milliseconds, or one connection set-up
+    /// for a fresh process.)
+    fn legacy_only_persists(&self) -> Option<String> {
+        let first = self.legacy_only()?;
+        sleep(Duration::from_secs(1));
+        (self.legacy_only()? == first).then_some(first)
+    }
+
     fn run_for(&self, d: Duration) {
         sleep(d);
     }
@@ -219,14 +255,43 @@ fn wait_exit(c: &mut Child) {
 
 fn drill(config: MigrateConfig) {
     let mut d = Drill::new(config);
-    d.run_for(Duration::from_secs(2));
+    d.run_for(Duration::from_secs(1));
+    // With a legacy fleet running, status shows the legacy side held alone.
+    assert!(
+        (0..100).any(|_| d.legacy_only().is_some()),
+        "status never showed a legacy-only holder while only legacy clients ran"
+    );
     // Forward: legacy → both, one at a time, with the foreign fleet on.
     for c in POLYLOCK_CLIENTS {
         d.move_to(c, Phase::Both);
     }
     d.run_for(Duration::from_secs(2));
-    // No legacy-only client may remain before anyone runs `target`.
+    // No legacy-only client may remain before anyone runs `target`: the
+    // playbook's check is that status never shows one holding of the legacy
+    // side alone (one legacy fencing token) on two runs in a row.
     d.stop_foreign();
+    for _ in 0..3 {
+        let held = d.legacy_only_persists();
+        assert!(held.is_none(), "a legacy-only holder ({held:?}) after every client moved to both");
+    }
+    // The check sees a legacy-only holder that is there: one that holds
+    // the legacy lock for a few seconds.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let legacy = rt.block_on(polylock::connect(d.config.legacy_url())).unwrap();
+    let g = rt
+        .block_on(
+            legacy
+                .lock(NAME)
+                .ttl(Duration::from_secs(10))
+                .wait(Duration::from_secs(20))
+                .acquire(),
+        )
+        .unwrap();
+    d.register.mark("harness holds the legacy lock alone");
+    let seen = d.legacy_only_persists();
+    let fence = g.fence().to_string();
+    rt.block_on(g.release()).unwrap();
+    assert_eq!(seen, Some(fence), "status missed a legacy-only holder");
     for c in POLYLOCK_CLIENTS {
         d.move_to(c, Phase::Target);
     }

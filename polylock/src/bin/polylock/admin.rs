@@ -57,6 +57,15 @@ pub(crate) async fn status_migrate(url: &str, name: &str) -> Result<u8, Failure>
             }
         }
     }
+    // Holder identities are each backend's own (a Redis value, an etcd key,
+    // a ZooKeeper node), so the two sides cannot be matched by owner; what
+    // the operator needs is whether the legacy side is held alone.
+    if sides.legacy.is_some() && sides.target.is_none() {
+        println!(
+            "  legacy side only: a legacy-only client holds it (or a `both` client between \
+             its two steps, for milliseconds)"
+        );
+    }
     Ok(if sides.legacy.is_none() && sides.target.is_none() {
         exit::FREE
     } else {
