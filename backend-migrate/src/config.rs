@@ -330,7 +330,10 @@ mod tests {
                 &format!("migrate+redis://:s3cret@h?phase=both&phase=target&to={target}"),
                 "`phase` is given twice",
             ),
-            ("migrate+redis://:s3cret@h?to=%ff", "not valid percent-encoded"),
+            (
+                "migrate+redis://:s3cret@h?to=%ff",
+                "not valid percent-encoded",
+            ),
             (
                 "migrate+redis://:s3cret@h?to=migrate%2Bredis%3A%2F%2Fx%3Fto%3Dy",
                 "itself a migration lock",

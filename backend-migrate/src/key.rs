@@ -110,7 +110,13 @@ mod tests {
 
     #[test]
     fn a_foreign_lease_is_not_held() {
-        for key in [None, Some("x"), Some("0|-|-"), Some("1|+9:ab|-"), Some("1|-|-x")] {
+        for key in [
+            None,
+            Some("x"),
+            Some("0|-|-"),
+            Some("1|+9:ab|-"),
+            Some("1|-|-x"),
+        ] {
             assert!(matches!(
                 decode(&lease(1, key)),
                 Err(LockError::NotHeld { .. })

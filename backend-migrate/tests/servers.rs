@@ -134,7 +134,11 @@ async fn a_target_that_cannot_be_taken_releases_the_legacy_lock() {
     };
     let mut legacy_got_in = None;
     for _ in 0..200 {
-        if let Some(l) = legacy.try_acquire(&req(&name, Duration::ZERO)).await.unwrap() {
+        if let Some(l) = legacy
+            .try_acquire(&req(&name, Duration::ZERO))
+            .await
+            .unwrap()
+        {
             legacy_got_in = Some(l);
             break;
         }
@@ -150,7 +154,11 @@ async fn a_target_that_cannot_be_taken_releases_the_legacy_lock() {
         .unwrap()
         .expect("the waiter got both locks once the target was free");
     let target_holder = target.inspect(&name).await.unwrap().unwrap();
-    assert_eq!(target_holder.fence, Some(both.fence()), "the target's fence");
+    assert_eq!(
+        target_holder.fence,
+        Some(both.fence()),
+        "the target's fence"
+    );
     assert!(legacy.inspect(&name).await.unwrap().is_some());
     m.release(&both).await.unwrap();
     assert_eq!(legacy.inspect(&name).await.unwrap(), None);
@@ -199,7 +207,10 @@ async fn loss_of_one_side_is_loss(side: &str) {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(freed, "the other side stayed held after the {side} lock was lost");
+    assert!(
+        freed,
+        "the other side stayed held after the {side} lock was lost"
+    );
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
 }
 
@@ -219,12 +230,8 @@ async fn loss_of_the_target_lock_fires_lost() {
 async fn neighbouring_phases_exclude_each_other() {
     let redis = RedisServer::start().unwrap();
     let etcd = EtcdServer::start().unwrap();
-    let config = MigrateConfig::new(
-        redis.url(),
-        format!("etcd://{}", etcd.addr()),
-        Phase::Both,
-    )
-    .unwrap();
+    let config =
+        MigrateConfig::new(redis.url(), format!("etcd://{}", etcd.addr()), Phase::Both).unwrap();
     let client = |p| {
         let c = config.with_phase(p);
         async move { backend_migrate::connect_config(&c, connect).await.unwrap() }
@@ -263,3 +270,43 @@ async fn neighbouring_phases_exclude_each_other() {
     }
 }
 
+/// A fleet on Redisson's layout: the legacy side is `format=redisson`, and a
+/// `both` client and a Redisson-format legacy-only client exclude each
+/// other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redisson_legacy_side_excludes_redisson_clients() {
+    let redis = RedisServer::start().unwrap();
+    let etcd = EtcdServer::start().unwrap();
+    let legacy_url = format!("{}?format=redisson", redis.url());
+    let legacy = connect(legacy_url.clone()).await.unwrap();
+    let both = backend_migrate::connect_config(
+        &MigrateConfig::new(legacy_url, format!("etcd://{}", etcd.addr()), Phase::Both).unwrap(),
+        connect,
+    )
+    .await
+    .unwrap();
+    let name = unique("redisson");
+    let l = legacy
+        .try_acquire(&req(&name, Duration::ZERO))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(both
+        .try_acquire(&req(&name, Duration::ZERO))
+        .await
+        .unwrap()
+        .is_none());
+    legacy.release(&l).await.unwrap();
+    let b = both
+        .try_acquire(&req(&name, Duration::ZERO))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(legacy
+        .try_acquire(&req(&name, Duration::ZERO))
+        .await
+        .unwrap()
+        .is_none());
+    both.release(&b).await.unwrap();
+    assert!(legacy.inspect(&name).await.unwrap().is_none());
+}

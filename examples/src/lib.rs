@@ -65,7 +65,11 @@ impl FencedStore {
             return Ok(Put::Stale { newest });
         }
         let path = self.dir.join(format!("{token:020}.result"));
-        match fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+        match fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
             Ok(mut f) => std::io::Write::write_all(&mut f, result.as_bytes())?,
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {
                 return Ok(Put::Stale { newest: token })

@@ -43,19 +43,37 @@ fn only_one_worker_runs(url: &str) {
     assert_eq!(run_one(url, &store), "skipped", "{url}");
     let done = lines.next().unwrap().unwrap();
     assert!(first.wait().unwrap().success(), "{url}");
-    let first_fence: u64 = done.strip_prefix("ran fence=").expect(&done).parse().unwrap();
+    let first_fence: u64 = done
+        .strip_prefix("ran fence=")
+        .expect(&done)
+        .parse()
+        .unwrap();
     // The next night: the next worker runs, with a higher fence.
     let next = run_one(url, &store);
-    let next_fence: u64 = next.strip_prefix("ran fence=").expect(&next).parse().unwrap();
-    assert!(next_fence > first_fence, "{url}: {next_fence} after {first_fence}");
-    let (stored, _) = FencedStore::open(&store).unwrap().newest().unwrap().unwrap();
+    let next_fence: u64 = next
+        .strip_prefix("ran fence=")
+        .expect(&next)
+        .parse()
+        .unwrap();
+    assert!(
+        next_fence > first_fence,
+        "{url}: {next_fence} after {first_fence}"
+    );
+    let (stored, _) = FencedStore::open(&store)
+        .unwrap()
+        .newest()
+        .unwrap()
+        .unwrap();
     assert_eq!(stored, next_fence, "{url}");
 }
 
 #[test]
 fn sqlite() {
     let dir = tempfile::tempdir().unwrap();
-    only_one_worker_runs(&format!("sqlite://{}", dir.path().join("locks.db").display()));
+    only_one_worker_runs(&format!(
+        "sqlite://{}",
+        dir.path().join("locks.db").display()
+    ));
 }
 
 #[test]

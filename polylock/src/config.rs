@@ -92,7 +92,10 @@ impl Config {
     pub fn from_file(path: impl AsRef<Path>) -> Result<Config, LockError> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|e| {
-            LockError::Config(format!("{}: cannot read the config file: {e}", path.display()))
+            LockError::Config(format!(
+                "{}: cannot read the config file: {e}",
+                path.display()
+            ))
         })?;
         Self::from_toml(&text, &path.display().to_string(), |name| {
             std::env::var(name).ok()
@@ -134,10 +137,7 @@ impl Config {
         let doc: Document = text.parse().map_err(|e: toml_edit::TomlError| {
             // The message only: toml_edit's own rendering quotes the line,
             // which may hold a password typed inline.
-            let (line, col) = e
-                .span()
-                .map(|s| line_col(text, s.start))
-                .unwrap_or((0, 0));
+            let (line, col) = e.span().map(|s| line_col(text, s.start)).unwrap_or((0, 0));
             LockError::Config(format!(
                 "{source}: invalid TOML at line {line}, column {col}: {}",
                 e.message().trim()
@@ -297,9 +297,12 @@ fn duration(
     let Some(item) = t.get(key) else {
         return Ok(None);
     };
-    let s = item
-        .as_str()
-        .ok_or_else(|| at(key, &"expected a duration string such as \"30s\" or \"1500ms\""))?;
+    let s = item.as_str().ok_or_else(|| {
+        at(
+            key,
+            &"expected a duration string such as \"30s\" or \"1500ms\"",
+        )
+    })?;
     let d = if positive {
         lock_core::options::positive_duration(s)
     } else {
@@ -309,7 +312,12 @@ fn duration(
     Ok(Some(d))
 }
 
-fn string<'a>(t: &'a Table, key: &str, shown: &str, at: &At<'_>) -> Result<Option<&'a str>, LockError> {
+fn string<'a>(
+    t: &'a Table,
+    key: &str,
+    shown: &str,
+    at: &At<'_>,
+) -> Result<Option<&'a str>, LockError> {
     match t.get(key) {
         None => Ok(None),
         Some(Item::Value(Value::String(s))) => Ok(Some(s.value())),
@@ -399,7 +407,9 @@ fn with_options(root: &Table, url: String, at: &At<'_>) -> Result<String, LockEr
         }
     }
     if let Some(tls) = root.get("tls") {
-        let t = tls.as_table().ok_or_else(|| at("tls", &"expected a table"))?;
+        let t = tls
+            .as_table()
+            .ok_or_else(|| at("tls", &"expected a table"))?;
         check_keys(t, "tls.", &["ca", "cert", "key"], at)?;
         for (file, shown) in [("ca", "tls.ca"), ("cert", "tls.cert"), ("key", "tls.key")] {
             let Some(path) = string(t, file, shown, at)? else {

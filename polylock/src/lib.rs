@@ -54,11 +54,11 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockErro
     registry::connect_backend(url).await
 }
 
-#[cfg(feature = "migrate")]
-pub use migrate::{connect_migrate, connect_migrate_config};
 /// The migration lock: see [`connect_migrate`].
 #[cfg(feature = "migrate")]
 pub use backend_migrate::{MigrateBackend, MigrateConfig, Phase, Sides};
+#[cfg(feature = "migrate")]
+pub use migrate::{connect_migrate, connect_migrate_config};
 
 /// The README's examples, compiled as doc tests so they cannot rot.
 #[doc = include_str!("../../README.md")]

@@ -42,17 +42,33 @@ fn the_cli_reads_the_config_file_by_flag_and_by_environment() {
     assert_eq!(text(&o.stdout).trim(), "fence=1");
     assert!(dir.path().join("from-config.db").exists());
     // The same file through POLYLOCK_CONFIG: the same lock table.
-    let o = out(polylock(dir.path())
-        .env("POLYLOCK_CONFIG", &file)
-        .args(["run", "job", "--", "sh", "-c", "echo fence=$POLYLOCK_FENCE"]));
+    let o = out(polylock(dir.path()).env("POLYLOCK_CONFIG", &file).args([
+        "run",
+        "job",
+        "--",
+        "sh",
+        "-c",
+        "echo fence=$POLYLOCK_FENCE",
+    ]));
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     assert_eq!(text(&o.stdout).trim(), "fence=2");
-    assert!(!dir.path().join("polylock.db").exists(), "the default was used");
+    assert!(
+        !dir.path().join("polylock.db").exists(),
+        "the default was used"
+    );
     // --url and --config together are refused.
+    let o = out(polylock(dir.path()).arg("--config").arg(&file).args([
+        "--url",
+        "sqlite://x.db",
+        "status",
+        "job",
+    ]));
+    assert_eq!(o.status.code(), Some(64), "{}", text(&o.stderr));
+    // So are POLYLOCK_URL and POLYLOCK_CONFIG together.
     let o = out(polylock(dir.path())
-        .arg("--config")
-        .arg(&file)
-        .args(["--url", "sqlite://x.db", "status", "job"]));
+        .env("POLYLOCK_CONFIG", &file)
+        .env("POLYLOCK_URL", "sqlite://x.db")
+        .args(["status", "job"]));
     assert_eq!(o.status.code(), Some(64), "{}", text(&o.stderr));
 }
 
@@ -125,8 +141,16 @@ fn status_of_a_migration_lock_shows_both_sides() {
         .unwrap();
     let s = text(&status("report").stdout);
     let lines: Vec<_> = s.lines().collect();
-    assert!(lines[1].starts_with("  legacy (redis://") && lines[1].contains("held by"), "{s}");
-    assert!(lines.iter().any(|l| l.starts_with("  target (etcd://") && l.ends_with("free")), "{s}");
+    assert!(
+        lines[1].starts_with("  legacy (redis://") && lines[1].contains("held by"),
+        "{s}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("  target (etcd://") && l.ends_with("free")),
+        "{s}"
+    );
     assert!(s.contains("legacy side only: a legacy-only client"), "{s}");
     rt.block_on(g.release()).unwrap();
 
@@ -138,7 +162,10 @@ fn status_of_a_migration_lock_shows_both_sides() {
     let o = status("report");
     assert_eq!(o.status.code(), Some(0));
     let s = text(&o.stdout);
-    assert!(s.starts_with("report: migration lock (this URL's phase: both)"), "{s}");
+    assert!(
+        s.starts_with("report: migration lock (this URL's phase: both)"),
+        "{s}"
+    );
     let target_at = s.find("  target (etcd://").expect(&s);
     assert!(s[..target_at].contains("held by"), "{s}");
     assert!(!s.contains("legacy side only"), "{s}");

@@ -31,7 +31,10 @@ async fn connect_from_env_reads_the_url_or_the_config_file() {
     .unwrap();
     std::env::set_var("POLYLOCK_CONFIG", &file);
     let e = polylock::connect_from_env().await.unwrap_err();
-    assert!(matches!(&e, LockError::Config(m) if m.contains("both")), "{e:?}");
+    assert!(
+        matches!(&e, LockError::Config(m) if m.contains("both")),
+        "{e:?}"
+    );
     std::env::remove_var("POLYLOCK_URL");
     let config = polylock::Config::from_env().unwrap();
     assert_eq!(config.ttl(), Some(Duration::from_secs(9)));

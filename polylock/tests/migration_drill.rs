@@ -210,7 +210,10 @@ impl Drill {
                 .filter(|e| e.client == client && matches!(e.kind, EventKind::Enter(_)))
                 .count()
         };
-        for client in POLYLOCK_CLIENTS.iter().chain(FOREIGN.iter().map(|(_, c)| c)) {
+        for client in POLYLOCK_CLIENTS
+            .iter()
+            .chain(FOREIGN.iter().map(|(_, c)| c))
+        {
             assert!(
                 entered(client) >= 3,
                 "{client} entered only {} times: the drill did not exercise it",
@@ -220,10 +223,7 @@ impl Drill {
         for c in POLYLOCK_CLIENTS {
             let log = fs::read_to_string(self.path(&format!("{c}.log"))).unwrap();
             for phase in ["legacy", "both", "target"] {
-                assert!(
-                    log.lines().any(|l| l == phase),
-                    "{c} never ran in {phase}"
-                );
+                assert!(log.lines().any(|l| l == phase), "{c} never ran in {phase}");
             }
         }
         report
@@ -272,12 +272,17 @@ fn drill(config: MigrateConfig) {
     d.stop_foreign();
     for _ in 0..3 {
         let held = d.legacy_only_persists();
-        assert!(held.is_none(), "a legacy-only holder ({held:?}) after every client moved to both");
+        assert!(
+            held.is_none(),
+            "a legacy-only holder ({held:?}) after every client moved to both"
+        );
     }
     // The check sees a legacy-only holder that is there: one that holds
     // the legacy lock for a few seconds.
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let legacy = rt.block_on(polylock::connect(d.config.legacy_url())).unwrap();
+    let legacy = rt
+        .block_on(polylock::connect(d.config.legacy_url()))
+        .unwrap();
     let g = rt
         .block_on(
             legacy
@@ -308,7 +313,11 @@ fn drill(config: MigrateConfig) {
     }
     d.run_for(Duration::from_secs(2));
     let report = d.finish();
-    assert!(report.overlaps.is_empty(), "overlaps: {:?}", report.overlaps);
+    assert!(
+        report.overlaps.is_empty(),
+        "overlaps: {:?}",
+        report.overlaps
+    );
     assert_eq!(report.stale_accepted, 0, "{report:?}");
     assert_eq!(report.stale_rejected, 0, "{report:?}");
     assert!(report.writes_accepted > 30, "{report:?}");
@@ -330,14 +339,7 @@ fn the_register_catches_an_overlap() {
 fn drill_redis_to_etcd() {
     let redis = RedisServer::start().unwrap();
     let etcd = EtcdServer::start().unwrap();
-    drill(
-        MigrateConfig::new(
-            redis.url(),
-            format!("etcd://{}", etcd.addr()),
-            Phase::Both,
-        )
-        .unwrap(),
-    );
+    drill(MigrateConfig::new(redis.url(), format!("etcd://{}", etcd.addr()), Phase::Both).unwrap());
 }
 
 #[test]
@@ -346,4 +348,3 @@ fn drill_redis_to_postgres() {
     let pg = PostgresServer::start().unwrap();
     drill(MigrateConfig::new(redis.url(), pg.url(), Phase::Both).unwrap());
 }
-

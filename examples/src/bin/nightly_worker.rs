@@ -25,7 +25,10 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let store = FencedStore::open(args.next().ok_or("usage: nightly-worker STORE_DIR [JOB_MS]")?)?;
+    let store = FencedStore::open(
+        args.next()
+            .ok_or("usage: nightly-worker STORE_DIR [JOB_MS]")?,
+    )?;
     let job = Duration::from_millis(args.next().map_or(Ok(200), |a| a.parse())?);
 
     let locker = polylock::connect_from_env().await?;

@@ -54,7 +54,13 @@ struct Cli {
     url: Option<String>,
     /// A polylock config file (TOML: url or [migrate], ttl, wait, credentials by
     /// environment variable name, TLS files); instead of --url.
-    #[arg(long, global = true, env = "POLYLOCK_CONFIG", value_name = "FILE", conflicts_with = "url")]
+    #[arg(
+        long,
+        global = true,
+        env = "POLYLOCK_CONFIG",
+        value_name = "FILE",
+        conflicts_with = "url"
+    )]
     config: Option<std::path::PathBuf>,
     /// More logging on stderr: -v debug, -vv trace (RUST_LOG overrides).
     #[arg(short, long, global = true, action = ArgAction::Count)]
@@ -87,9 +93,7 @@ struct LockFlags {
 impl LockFlags {
     /// The TTL: the flag, else the config file's, else 30s.
     fn ttl(&self, config: &Config) -> Duration {
-        self.ttl
-            .or(config.ttl())
-            .unwrap_or(Duration::from_secs(30))
+        self.ttl.or(config.ttl()).unwrap_or(Duration::from_secs(30))
     }
 
     fn args(&self, config: &Config) -> run::LockArgs {
