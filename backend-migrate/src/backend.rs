@@ -378,9 +378,6 @@ impl LockBackend for MigrateBackend {
                 let legacy_lost = matches!(&l, Err(e) if e.is_lost());
                 let target_lost = matches!(&t, Err(e) if e.is_lost());
                 if legacy_lost || target_lost {
-                    if let Some(r) = lease.revocation() {
-                        r.cancel();
-                    }
                     if let Err(e) = &l {
                         lost("legacy", e);
                     }
@@ -392,6 +389,12 @@ impl LockBackend for MigrateBackend {
                     }
                     if !legacy_lost {
                         self.release_quietly(&self.legacy, &legacy).await;
+                    }
+                    // Last: the guard stops its watchdog when it sees the
+                    // revocation, which would drop this future before the
+                    // releases above.
+                    if let Some(r) = lease.revocation() {
+                        r.cancel();
                     }
                     return Err(LockError::Lost {
                         name: lease.name().to_string(),
