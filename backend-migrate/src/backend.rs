@@ -1,5 +1,6 @@
 //! The migration lock over two backends.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +30,8 @@ pub struct MigrateBackend {
     target: Arc<dyn LockBackend>,
     phase: Phase,
     guarantees: Guarantees,
+    /// Whether the target has answered once (its connection is set up).
+    target_warm: AtomicBool,
 }
 
 /// Who holds a name on each side of a migration lock.
@@ -111,6 +114,7 @@ impl MigrateBackend {
             target,
             phase,
             guarantees,
+            target_warm: AtomicBool::new(false),
         }
     }
 
@@ -161,6 +165,14 @@ impl MigrateBackend {
         wait: bool,
     ) -> Result<Option<Lease>, LockError> {
         let deadline = req.wait_deadline();
+        if !self.target_warm.swap(true, Ordering::Relaxed) {
+            // A fresh client's first request sets up its connection (a pool,
+            // a session), which can take long; done while holding the legacy
+            // lock it would stretch the time the legacy lock is held alone
+            // and the gap between the two sides' expiries. A failure here
+            // shows again in the acquire itself.
+            let _ = self.target.inspect(&req.name).await;
+        }
         let mut retry = Duration::from_millis(5);
         // One more attempt than the wait allows when the legacy lease ran
         // out while the target was taken (a first connection is slow).
