@@ -1,4 +1,5 @@
-//! The migration drill: several real client processes contend on one lock
+//! The migration drill (to etcd, PostgreSQL and ZooKeeper): several real
+//! client processes contend on one lock
 //! name while they are moved, one at a time, from the legacy lock (Redis)
 //! to `both` to the target lock, and rolled back the same way; a fenced
 //! register (testkit::register) watching every critical section must see no
@@ -347,4 +348,18 @@ fn drill_redis_to_postgres() {
     let redis = RedisServer::start().unwrap();
     let pg = PostgresServer::start().unwrap();
     drill(MigrateConfig::new(redis.url(), pg.url(), Phase::Both).unwrap());
+}
+
+#[test]
+fn drill_redis_to_zookeeper() {
+    let redis = RedisServer::start().unwrap();
+    let zk = testkit::ZooKeeperServer::start().unwrap();
+    drill(
+        MigrateConfig::new(
+            redis.url(),
+            format!("zk://{}", zk.connect_string()),
+            Phase::Both,
+        )
+        .unwrap(),
+    );
 }
