@@ -578,9 +578,15 @@ ca = "/etc/ssl/ca.pem"
             ("ttl = \"5s\"", "key `url`: missing"),
             ("url = 5", "key `url`: expected a string"),
             ("url = \"redis://h\"\nttl = \"0s\"", "key `ttl`"),
-            ("url = \"redis://h\"\nttl = 30", "key `ttl`: expected a duration"),
+            (
+                "url = \"redis://h\"\nttl = 30",
+                "key `ttl`: expected a duration",
+            ),
             ("url = \"redis://h\"\nwatchdog = \"yes\"", "key `watchdog`"),
-            ("url = \"redis://h\"\ncolour = 1", "key `colour`: unknown key"),
+            (
+                "url = \"redis://h\"\ncolour = 1",
+                "key `colour`: unknown key",
+            ),
             (
                 "url = \"redis://h\"\n[credentials]\npassword_env = \"NOPE\"",
                 "key `credentials.password_env`: the environment variable `NOPE` is not set",
@@ -605,6 +611,18 @@ ca = "/etc/ssl/ca.pem"
                 "url = \"redis://h?prefix=a\"\nkey_prefix = \"b\"",
                 "key `key_prefix`: the URL sets `prefix=` already",
             ),
+        ] {
+            let m = err(text);
+            assert!(m.contains(says), "{text:?}: {m}");
+            assert!(m.starts_with("/etc/app/polylock.toml: "), "{m}");
+            no_secret(&m);
+        }
+    }
+
+    #[cfg(feature = "migrate")]
+    #[test]
+    fn migrate_section_errors_name_the_key() {
+        for (text, says) in [
             (
                 "url = \"redis://h\"\n[migrate]\nlegacy = \"redis://h\"",
                 "key `migrate`: give either",
@@ -628,11 +646,11 @@ ca = "/etc/ssl/ca.pem"
         ] {
             let m = err(text);
             assert!(m.contains(says), "{text:?}: {m}");
-            assert!(m.starts_with("/etc/app/polylock.toml: "), "{m}");
             no_secret(&m);
         }
     }
 
+    #[cfg(feature = "migrate")]
     #[test]
     fn a_migrate_section_is_the_migration_lock() {
         let c = parse(

@@ -73,6 +73,15 @@ fn the_cli_reads_the_config_file_by_flag_and_by_environment() {
 }
 
 #[test]
+fn help_names_the_migration_lock_and_the_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = out(polylock(dir.path()).arg("--help"));
+    let s = text(&o.stdout);
+    assert!(s.contains("migrate+URL?to=TARGET_URL&phase=both"), "{s}");
+    assert!(s.contains("--config <FILE>"), "{s}");
+}
+
+#[test]
 fn a_bad_config_file_is_a_usage_error_naming_file_and_key_without_secrets() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bad.toml");

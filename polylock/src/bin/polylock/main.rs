@@ -247,7 +247,8 @@ fn command() -> clap::Command {
         .join(", ");
     Cli::command().mut_arg("url", |a| {
         a.help(format!(
-            "Lock service URL; this build knows {schemes} [default: {DEFAULT_URL}]"
+            "Lock service URL; this build knows {schemes}, and migrate+URL?to=TARGET_URL&phase=both \
+             for a migration lock [default: {DEFAULT_URL}]"
         ))
     })
 }
