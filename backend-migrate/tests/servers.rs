@@ -304,3 +304,62 @@ async fn a_redisson_legacy_side_excludes_redisson_clients() {
     both.release(&b).await.unwrap();
     assert!(legacy.inspect(&name).await.unwrap().is_none());
 }
+
+/// Neither side's password shows in the backend's `Debug` or in a
+/// connection error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_of_both_sides_stay_hidden() {
+    let redis = RedisServer::start().unwrap();
+    {
+        // After start: the test kit's readiness probe does not log in.
+        let client = redis::Client::open(redis.url()).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("requirepass")
+            .arg("s3cret-legacy")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    let pg = testkit::PostgresServer::start().unwrap();
+    let legacy = format!("redis://:s3cret-legacy@127.0.0.1:{}", redis.port());
+    let m = backend_migrate::connect_config(
+        &MigrateConfig::new(legacy.clone(), pg.url(), Phase::Both).unwrap(),
+        connect,
+    )
+    .await
+    .unwrap();
+    let name = unique("secrets");
+    let l = m
+        .try_acquire(&req(&name, Duration::ZERO))
+        .await
+        .unwrap()
+        .unwrap();
+    m.release(&l).await.unwrap();
+    let shown = format!("{m:?}");
+    assert!(!shown.contains("s3cret-legacy"), "{shown}");
+    assert!(!shown.contains(pg.password()), "{shown}");
+    // A wrong target password: the error shows neither password.
+    let c = backend_migrate::connect_config(
+        &MigrateConfig::new(
+            format!("redis://:s3cret-legacy@127.0.0.1:{}", redis.port()),
+            pg.url().replace(pg.password(), "wrong-s3cret"),
+            Phase::Both,
+        )
+        .unwrap(),
+        connect,
+    )
+    .await;
+    let msg = match c {
+        Ok(b) => match b.try_acquire(&req(&name, Duration::ZERO)).await {
+            Ok(_) => panic!("a wrong password was accepted"),
+            Err(e) => format!("{e} {e:?}"),
+        },
+        Err(e) => format!("{e} {e:?}"),
+    };
+    assert!(
+        !msg.contains("s3cret-legacy") && !msg.contains("wrong-s3cret"),
+        "{msg}"
+    );
+}
