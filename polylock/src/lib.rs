@@ -20,11 +20,15 @@ use std::sync::Arc;
 
 pub use lock_core::*;
 
+pub mod config;
 mod guarantees;
 #[cfg(feature = "memory")]
 mod memory;
+#[cfg(feature = "migrate")]
+mod migrate;
 mod registry;
 
+pub use config::{connect_from_env, Config};
 pub use guarantees::{declared_guarantees, guarantees_table};
 pub use registry::available_schemes;
 
@@ -43,8 +47,18 @@ pub async fn connect(url: &str) -> Result<Locker, LockError> {
 /// # Cancel safety
 /// Cancel safe: a dropped connect leaves no lock behind.
 pub async fn connect_backend(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
+    #[cfg(feature = "migrate")]
+    if backend_migrate::is_migrate_url(url) {
+        return Ok(Arc::new(connect_migrate(url).await?));
+    }
     registry::connect_backend(url).await
 }
+
+/// The migration lock: see [`connect_migrate`].
+#[cfg(feature = "migrate")]
+pub use backend_migrate::{MigrateBackend, MigrateConfig, Phase, Sides};
+#[cfg(feature = "migrate")]
+pub use migrate::{connect_migrate, connect_migrate_config};
 
 /// The README's examples, compiled as doc tests so they cannot rot.
 #[doc = include_str!("../../README.md")]

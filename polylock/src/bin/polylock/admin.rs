@@ -1,6 +1,6 @@
 //! `status` and `release --force`.
 
-use polylock::{LockName, Locker};
+use polylock::{HolderInfo, LockName, Locker};
 
 use crate::duration::show;
 use crate::{exit, Failure};
@@ -13,18 +13,64 @@ pub(crate) async fn status(locker: &Locker, name: &str) -> Result<u8, Failure> {
             Ok(exit::FREE)
         }
         Some(info) => {
-            let fence = info.fence.map_or("unknown".to_string(), |f| f.to_string());
-            let left = info.expires_in.map_or("unknown".to_string(), show);
-            println!(
-                "{}: held by {}",
-                shown(name.as_str()),
-                shown(&owner_prefix(&info.owner))
-            );
-            println!("  fencing token: {fence}");
-            println!("  expires in:    {left}");
+            println!("{}: {}", shown(name.as_str()), holder(&info));
+            print_holder(&info, "  ");
             Ok(0)
         }
     }
+}
+
+fn holder(info: &HolderInfo) -> String {
+    format!("held by {}", shown(&owner_prefix(&info.owner)))
+}
+
+fn print_holder(info: &HolderInfo, indent: &str) {
+    let fence = info.fence.map_or("unknown".to_string(), |f| f.to_string());
+    let left = info.expires_in.map_or("unknown".to_string(), show);
+    println!("{indent}fencing token: {fence}");
+    println!("{indent}expires in:    {left}");
+}
+
+/// `status` of a migration lock: both sides, whatever the URL's phase, so
+/// an operator sees who holds the legacy lock (a legacy-only or a `both`
+/// client) and who holds the target lock. Exit 1 only when both are free.
+pub(crate) async fn status_migrate(url: &str, name: &str) -> Result<u8, Failure> {
+    let name = LockName::new(name)?;
+    let config = polylock::MigrateConfig::parse(url)?;
+    let m = polylock::connect_migrate_config(&config).await?;
+    let sides = m.inspect_sides(&name).await?;
+    println!(
+        "{}: migration lock (this URL's phase: {})",
+        shown(name.as_str()),
+        config.phase()
+    );
+    for (side, url, info) in [
+        ("legacy", config.legacy_url(), &sides.legacy),
+        ("target", config.target_url(), &sides.target),
+    ] {
+        let url = polylock::redact_url(url);
+        match info {
+            None => println!("  {side} ({}): free", shown(&url)),
+            Some(info) => {
+                println!("  {side} ({}): {}", shown(&url), holder(info));
+                print_holder(info, "    ");
+            }
+        }
+    }
+    // Holder identities are each backend's own (a Redis value, an etcd key,
+    // a ZooKeeper node), so the two sides cannot be matched by owner; what
+    // the operator needs is whether the legacy side is held alone.
+    if sides.legacy.is_some() && sides.target.is_none() {
+        println!(
+            "  legacy side only: a legacy-only client holds it (or a `both` client between \
+             its two steps, for milliseconds)"
+        );
+    }
+    Ok(if sides.legacy.is_none() && sides.target.is_none() {
+        exit::FREE
+    } else {
+        0
+    })
 }
 
 /// `s` safe to print on a terminal: control characters (newlines, ANSI

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
-use polylock::{ExpiryClock, LockError, Locker};
+use polylock::{Config, ExpiryClock, LockError, Locker};
 
 mod admin;
 mod child;
@@ -52,6 +52,16 @@ struct Cli {
     /// Lock service URL (the schemes of this build are listed here at run time).
     #[arg(long, global = true, env = "POLYLOCK_URL", hide_env_values = true)]
     url: Option<String>,
+    /// A polylock config file (TOML: url or [migrate], ttl, wait, credentials by
+    /// environment variable name, TLS files); instead of --url.
+    #[arg(
+        long,
+        global = true,
+        env = "POLYLOCK_CONFIG",
+        value_name = "FILE",
+        conflicts_with = "url"
+    )]
+    config: Option<std::path::PathBuf>,
     /// More logging on stderr: -v debug, -vv trace (RUST_LOG overrides).
     #[arg(short, long, global = true, action = ArgAction::Count)]
     verbose: u8,
@@ -64,10 +74,12 @@ struct Cli {
 struct LockFlags {
     /// Lock name.
     name: String,
-    /// Lease length (at least 1s); renewed every third of it.
-    #[arg(long, default_value = "30s", value_parser = duration::parse, allow_hyphen_values = true)]
-    ttl: Duration,
-    /// How long to wait for another holder to release [default: 10s].
+    /// Lease length (at least 1s); renewed every third of it [default: the config
+    /// file's ttl, else 30s].
+    #[arg(long, value_parser = duration::parse, allow_hyphen_values = true)]
+    ttl: Option<Duration>,
+    /// How long to wait for another holder to release [default: the config file's
+    /// wait, else 10s].
     #[arg(short, long, value_parser = duration::parse, allow_hyphen_values = true)]
     wait: Option<Duration>,
     /// Do not wait: fail at once if the lock is held (same as --wait 0).
@@ -79,14 +91,21 @@ struct LockFlags {
 }
 
 impl LockFlags {
-    fn args(&self) -> run::LockArgs {
+    /// The TTL: the flag, else the config file's, else 30s.
+    fn ttl(&self, config: &Config) -> Duration {
+        self.ttl.or(config.ttl()).unwrap_or(Duration::from_secs(30))
+    }
+
+    fn args(&self, config: &Config) -> run::LockArgs {
         run::LockArgs {
             name: self.name.clone(),
-            ttl: self.ttl,
+            ttl: self.ttl(config),
             wait: if self.nonblock {
                 Duration::ZERO
             } else {
-                self.wait.unwrap_or(Duration::from_secs(10))
+                self.wait
+                    .or(config.wait())
+                    .unwrap_or(Duration::from_secs(10))
             },
             conflict: self.conflict_exit_code,
         }
@@ -141,7 +160,10 @@ deadline; if the lock is found lost, it is killed at once.
     /// Show who holds a lock, its fencing token and time left (exit 1 if free).
     #[command(after_help = "Examples:
   polylock status nightly-report
-  polylock --url redis://cache:6379 status deploy")]
+  polylock --url redis://cache:6379 status deploy
+
+For a migration lock (--url migrate+LEGACY_URL?to=TARGET_URL&phase=...), both sides are
+shown: who holds the legacy lock and who holds the target lock.")]
     Status {
         /// Lock name.
         name: String,
@@ -225,7 +247,8 @@ fn command() -> clap::Command {
         .join(", ");
     Cli::command().mut_arg("url", |a| {
         a.help(format!(
-            "Lock service URL; this build knows {schemes} [default: {DEFAULT_URL}]"
+            "Lock service URL; this build knows {schemes}, and migrate+URL?to=TARGET_URL&phase=both \
+             for a migration lock [default: {DEFAULT_URL}]"
         ))
     })
 }
@@ -329,8 +352,8 @@ fn main() -> ExitCode {
 /// Connects, and refuses a backend whose locks live inside this process:
 /// it cannot lock anything across processes, so every `polylock` would see
 /// its own, empty, lock table.
-async fn connect(url: &str) -> Result<Locker, Failure> {
-    let locker = polylock::connect(url).await.map_err(|e| {
+async fn connect(config: &Config) -> Result<Locker, Failure> {
+    let locker = config.connect().await.map_err(|e| {
         let code = if matches!(e, LockError::Config(_)) {
             exit::USAGE
         } else {
@@ -354,7 +377,11 @@ async fn connect(url: &str) -> Result<Locker, Failure> {
 }
 
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
-    let url = cli.url.unwrap_or_else(|| DEFAULT_URL.to_string());
+    let config = match (&cli.config, cli.url) {
+        (Some(file), _) => Config::from_file(file)?,
+        (None, url) => Config::from_url(url.unwrap_or_else(|| DEFAULT_URL.to_string())),
+    };
+    let url = config.url().to_string();
     match cli.command {
         Command::Compare { args } => Err(external::exec("compare", &args)),
         Command::Bench { args } => Err(external::exec("bench", &args)),
@@ -368,19 +395,22 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                 Some(line) => vec!["sh".into(), "-c".into(), line.into()],
                 None => command,
             };
-            run::check_ttl(None, lock.ttl)?;
-            let locker = connect(&url).await?;
-            run::run(&locker, &lock.args(), grace, &command).await
+            run::check_ttl(None, lock.ttl(&config))?;
+            let locker = connect(&config).await?;
+            run::run(&locker, &lock.args(&config), grace, &command).await
         }
         Command::Hold { lock } => {
-            run::check_ttl(None, lock.ttl)?;
-            run::hold(&connect(&url).await?, &lock.args()).await
+            run::check_ttl(None, lock.ttl(&config))?;
+            run::hold(&connect(&config).await?, &lock.args(&config)).await
         }
         Command::Guarantees => {
             print!("{}", polylock::guarantees_table());
             Ok(0)
         }
-        Command::Status { name } => admin::status(&connect(&url).await?, &name).await,
+        Command::Status { name } if polylock::MigrateConfig::parse(&url).is_ok() => {
+            admin::status_migrate(&url, &name).await
+        }
+        Command::Status { name } => admin::status(&connect(&config).await?, &name).await,
         Command::Release { name, force } => {
             if !force {
                 return Err(Failure::new(
@@ -389,7 +419,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                      breaks mutual exclusion; use it only when the holder is dead",
                 ));
             }
-            admin::force_release(&connect(&url).await?, &name).await
+            admin::force_release(&connect(&config).await?, &name).await
         }
     }
 }

@@ -1,0 +1,577 @@
+//! The migration lock over two backends.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{
+    AcquireRequest, ExpiryClock, Guarantees, HolderInfo, Lease, LockBackend, LockError, LockName,
+    WaitMechanism,
+};
+use tokio::time::{sleep, Instant};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Phase;
+use crate::key;
+
+/// The backend name in errors and guarantee tables.
+const BACKEND: &str = "migrate";
+
+/// A lock taken on a legacy and a target backend according to a [`Phase`]
+/// (see the crate docs for how a fleet moves through the phases).
+///
+/// In [`Phase::Both`] the lease's fencing token is the target's; its TTL
+/// and local deadline are the shorter of the two sides', so the holder
+/// stops before either lock may expire.
+#[derive(Debug)]
+pub struct MigrateBackend {
+    legacy: Arc<dyn LockBackend>,
+    target: Arc<dyn LockBackend>,
+    phase: Phase,
+    guarantees: Guarantees,
+    /// Whether the target has answered once (its connection is set up).
+    target_warm: AtomicBool,
+}
+
+/// Who holds a name on each side of a migration lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Sides {
+    /// The legacy lock's holder (any client of the legacy fleet).
+    pub legacy: Option<HolderInfo>,
+    /// The target lock's holder.
+    pub target: Option<HolderInfo>,
+}
+
+/// What a migration lock promises in `phase`, from the two sides' promises.
+///
+/// In [`Phase::Legacy`] and [`Phase::Target`] only one lock is taken, so
+/// its promises are the lock's (under the name `migrate`). In
+/// [`Phase::Both`] a holding lasts only while both locks do, so each field
+/// is the weaker of the two: either side's clock, restart or failover can
+/// end it, either side's coarser TTL rounding applies, and force release
+/// needs both. Two exceptions:
+/// - fencing is the target's alone, because the tokens are the target's;
+/// - waiters are never served in FIFO order, even over two fair
+///   backends: a `both` waiter queues on the legacy lock while `target`
+///   services queue on the target lock only, so no one queue orders them.
+pub fn guarantees(legacy: &Guarantees, target: &Guarantees, phase: Phase) -> Guarantees {
+    let one = |g: &Guarantees| {
+        let mut g = g.clone();
+        g.backend = BACKEND;
+        g
+    };
+    match phase {
+        Phase::Legacy => one(legacy),
+        Phase::Target => one(target),
+        Phase::Both => {
+            let mut g = Guarantees::new(BACKEND);
+            g.fencing = target.fencing;
+            g.fair_fifo = false;
+            g.expiry_clock = weaker_clock(legacy.expiry_clock, target.expiry_clock);
+            g.survives_restart = legacy.survives_restart && target.survives_restart;
+            g.survives_failover = legacy.survives_failover && target.survives_failover;
+            g.wait = if legacy.wait == target.wait {
+                legacy.wait
+            } else if legacy.wait == WaitMechanism::Poll || target.wait == WaitMechanism::Poll {
+                WaitMechanism::Poll
+            } else {
+                // A `both` waiter waits on the legacy lock first.
+                legacy.wait
+            };
+            g.min_ttl = legacy.min_ttl.max(target.min_ttl);
+            g.ttl_granularity = legacy.ttl_granularity.max(target.ttl_granularity);
+            g.force_release = legacy.force_release && target.force_release;
+            g
+        }
+    }
+}
+
+/// The clock that more easily ends a lease early: any wall clock before a
+/// monotonic one, and the clients' hosts' clocks (many clocks) before one
+/// server's.
+fn weaker_clock(a: ExpiryClock, b: ExpiryClock) -> ExpiryClock {
+    let rank = |c: ExpiryClock| match c {
+        ExpiryClock::ClientHost => 0,
+        ExpiryClock::Server => 1,
+        ExpiryClock::Consensus => 2,
+        _ => 3,
+    };
+    if rank(a) <= rank(b) {
+        a
+    } else {
+        b
+    }
+}
+
+impl MigrateBackend {
+    /// A migration lock over `legacy` and `target` in `phase`.
+    pub fn new(legacy: Arc<dyn LockBackend>, target: Arc<dyn LockBackend>, phase: Phase) -> Self {
+        let guarantees = guarantees(&legacy.guarantees(), &target.guarantees(), phase);
+        MigrateBackend {
+            legacy,
+            target,
+            phase,
+            guarantees,
+            target_warm: AtomicBool::new(false),
+        }
+    }
+
+    /// The phase this client runs in.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The legacy backend.
+    pub fn legacy(&self) -> &Arc<dyn LockBackend> {
+        &self.legacy
+    }
+
+    /// The target backend.
+    pub fn target(&self) -> &Arc<dyn LockBackend> {
+        &self.target
+    }
+
+    /// Who holds `name` on each side, whatever this client's phase: the
+    /// operator's view during a migration (`polylock status`). A legacy
+    /// holder with no target holder is a legacy-only client (or a `both`
+    /// client between its two steps).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    pub async fn inspect_sides(&self, name: &LockName) -> Result<Sides, LockError> {
+        let (legacy, target) =
+            futures::future::join(self.legacy.inspect(name), self.target.inspect(name)).await;
+        Ok(Sides {
+            legacy: legacy?,
+            target: target?,
+        })
+    }
+
+    /// The side a single-lock phase uses.
+    fn only(&self) -> Option<&Arc<dyn LockBackend>> {
+        match self.phase {
+            Phase::Legacy => Some(&self.legacy),
+            Phase::Target => Some(&self.target),
+            Phase::Both => None,
+        }
+    }
+
+    /// Takes both locks, legacy first; `wait` false: one attempt each.
+    async fn take_both(
+        &self,
+        req: &AcquireRequest,
+        wait: bool,
+    ) -> Result<Option<Lease>, LockError> {
+        let deadline = req.wait_deadline();
+        if !self.target_warm.swap(true, Ordering::Relaxed) {
+            // A fresh client's first request sets up its connection (a pool,
+            // a session), which can take long; done while holding the legacy
+            // lock it would stretch the time the legacy lock is held alone
+            // and the gap between the two sides' expiries. A failure here
+            // shows again in the acquire itself.
+            let _ = self.target.inspect(&req.name).await;
+        }
+        let mut retry = Duration::from_millis(5);
+        // One more attempt than the wait allows when the legacy lease ran
+        // out while the target was taken (a first connection is slow).
+        let mut legacy_ran_out = false;
+        loop {
+            let mut side = req.clone();
+            // Both sides are asked for what the coarser one grants, so the
+            // holding lasts the TTL the guarantees declare.
+            side.ttl = self.guarantees.effective_ttl(req.ttl);
+            side.wait = deadline.saturating_duration_since(Instant::now());
+            let legacy = if wait && !side.wait.is_zero() {
+                self.legacy.acquire(&side).await?
+            } else {
+                self.legacy.try_acquire(&side).await?
+            };
+            let Some(legacy) = legacy else {
+                return Ok(None);
+            };
+            // The legacy lease is not renewed while we wait for the target:
+            // wait at most half of what is left of it.
+            let now = Instant::now();
+            side.wait = deadline
+                .saturating_duration_since(now)
+                .min(legacy.deadline().saturating_duration_since(now) / 2);
+            let target = if wait && !side.wait.is_zero() {
+                self.target.acquire(&side).await
+            } else {
+                self.target.try_acquire(&side).await
+            };
+            match target {
+                Ok(Some(target)) => match self.refresh_legacy(legacy).await {
+                    Ok(legacy) => return Ok(Some(combine(legacy, target))),
+                    Err(e) => {
+                        self.release_quietly(&self.target, &target).await;
+                        if !e.is_lost() {
+                            return Err(e);
+                        }
+                        if !legacy_ran_out {
+                            legacy_ran_out = true;
+                            continue;
+                        }
+                    }
+                },
+                Ok(None) => self.release_quietly(&self.legacy, &legacy).await,
+                Err(e) => {
+                    self.release_quietly(&self.legacy, &legacy).await;
+                    return Err(e);
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !wait || left.is_zero() {
+                return Ok(None);
+            }
+            // Let the legacy fleet in between attempts; an owner-dependent
+            // offset keeps waiters from retrying in lockstep.
+            let offset = Duration::from_millis((req.owner.as_u128() % 20) as u64);
+            sleep((retry + offset).min(left)).await;
+            retry = (retry * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    /// The legacy lease, renewed if taking the target used up half of it
+    /// (a slow first connection, a long wait): the composite deadline is
+    /// measured from the legacy request, so it would otherwise be over
+    /// before the holder starts. A renew never resurrects, so success means
+    /// the legacy lock was ours throughout. On failure the legacy lock is
+    /// released.
+    async fn refresh_legacy(&self, legacy: Lease) -> Result<Lease, LockError> {
+        let left = legacy.deadline().saturating_duration_since(Instant::now());
+        if left > legacy.ttl() / 2 {
+            return Ok(legacy);
+        }
+        match self.legacy.renew(&legacy).await {
+            Ok(renewed) => Ok(renewed),
+            Err(e) => {
+                self.release_quietly(&self.legacy, &legacy).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Releases one side after a failed step; the lock then frees at once
+    /// instead of at its TTL. An error only delays that, so it is logged.
+    async fn release_quietly(&self, side: &Arc<dyn LockBackend>, lease: &Lease) {
+        if let Err(e) = side.release(lease).await {
+            tracing::debug!(
+                backend = side.guarantees().backend,
+                name = %lease.name(),
+                error = %e,
+                "migrate: releasing one side after a failed step"
+            );
+        }
+    }
+
+    /// The two sides' leases of a composite `lease`, as their backends
+    /// granted them (fence, key) with the composite's TTL and send time.
+    fn split(&self, lease: &Lease) -> Result<(Lease, Lease), LockError> {
+        let parts = key::decode(lease)?;
+        let side = |fence, key: Option<&str>| {
+            let l = Lease::new(
+                lease.name().clone(),
+                lease.owner(),
+                fence,
+                lease.ttl(),
+                lease.sent_at(),
+                lease.policy(),
+            );
+            match key {
+                Some(k) => l.with_backend_key(k),
+                None => l,
+            }
+        };
+        Ok((
+            side(parts.legacy_fence, parts.legacy_key),
+            side(lease.fence(), parts.target_key),
+        ))
+    }
+}
+
+/// The composite lease: the target's fence, the shorter TTL measured from
+/// the earlier send (so its deadline is before both sides'), and a
+/// revocation that fires when either side's does.
+fn combine(legacy: Lease, target: Lease) -> Lease {
+    let ttl = legacy.ttl().min(target.ttl());
+    let sent_at = legacy.sent_at().min(target.sent_at());
+    let lease = Lease::new(
+        target.name().clone(),
+        target.owner(),
+        target.fence(),
+        ttl,
+        sent_at,
+        target.policy(),
+    )
+    .with_backend_key(key::encode(&legacy, &target));
+    let signals: Vec<CancellationToken> = [legacy.revocation(), target.revocation()]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+    if signals.is_empty() {
+        return lease;
+    }
+    let revoked = CancellationToken::new();
+    let fire = revoked.clone();
+    // Ends when either side is revoked or the composite lease is released
+    // (release cancels `revoked`), so it never outlives the holding.
+    tokio::spawn(async move {
+        let either = futures::future::select_all(
+            signals
+                .iter()
+                .map(|s| Box::pin(s.cancelled()))
+                .collect::<Vec<_>>(),
+        );
+        tokio::select! {
+            _ = either => fire.cancel(),
+            _ = fire.cancelled() => {}
+        }
+    });
+    lease.with_revocation(revoked)
+}
+
+#[async_trait]
+impl LockBackend for MigrateBackend {
+    /// In `both`: one attempt on the legacy lock, then one on the target
+    /// lock; the legacy lock is released again when the target is busy or
+    /// fails.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: dropped between the two steps, the legacy lock
+    /// stays taken until its TTL runs out (as any dropped attempt).
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        match self.only() {
+            Some(side) => side.try_acquire(req).await,
+            None => self.take_both(req, false).await,
+        }
+    }
+
+    /// In `both`: waits for the legacy lock with each side's own wake-up,
+    /// then for the target lock for at most half of the legacy lease's
+    /// remaining time (it is not renewed meanwhile); if the target stays
+    /// busy, the legacy lock is released and both are tried again until
+    /// `req.wait` runs out.
+    ///
+    /// # Cancel safety
+    /// Dropped while waiting for the legacy lock, nothing is left behind;
+    /// dropped while waiting for the target lock, the legacy lock stays
+    /// taken until its TTL runs out.
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        match self.only() {
+            Some(side) => side.acquire(req).await,
+            None => self.take_both(req, true).await,
+        }
+    }
+
+    /// In `both`: renews both sides. If either side says the lease is lost,
+    /// the other side is released (it no longer protects anything) and the
+    /// result is `Err(Lost)`: loss of either lock is loss of the lock.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: each side's renew is; the old lease's deadline, before
+    /// both sides', stays valid either way.
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        if let Some(side) = self.only() {
+            return side.renew(lease).await;
+        }
+        let (legacy, target) = self.split(lease)?;
+        let (l, t) =
+            futures::future::join(self.legacy.renew(&legacy), self.target.renew(&target)).await;
+        let lost = |side: &str, e: &LockError| {
+            tracing::warn!(name = %lease.name(), side, error = %e, "migrate: one side of the lock was lost");
+        };
+        match (l, t) {
+            (Ok(l), Ok(t)) => Ok(lease.renewed(l.ttl().min(t.ttl()), lease_sent(&l, &t))),
+            (l, t) => {
+                let legacy_lost = matches!(&l, Err(e) if e.is_lost());
+                let target_lost = matches!(&t, Err(e) if e.is_lost());
+                if legacy_lost || target_lost {
+                    if let Err(e) = &l {
+                        lost("legacy", e);
+                    }
+                    if let Err(e) = &t {
+                        lost("target", e);
+                    }
+                    if !target_lost {
+                        self.release_quietly(&self.target, &target).await;
+                    }
+                    if !legacy_lost {
+                        self.release_quietly(&self.legacy, &legacy).await;
+                    }
+                    // Last: the guard stops its watchdog when it sees the
+                    // revocation, which would drop this future before the
+                    // releases above.
+                    if let Some(r) = lease.revocation() {
+                        r.cancel();
+                    }
+                    return Err(LockError::Lost {
+                        name: lease.name().to_string(),
+                    });
+                }
+                // Retryable or not, the watchdog decides; the first error
+                // says which side failed.
+                Err(l.err().or(t.err()).expect("one side failed"))
+            }
+        }
+    }
+
+    /// In `both`: releases the target lock, then the legacy lock (the
+    /// reverse of acquire), the legacy one even when the target's release
+    /// failed: the holder has stopped, so the legacy fleet may go on.
+    /// `Err(Lost)` when either side reports it; otherwise the first error.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: each side's release is; a lock not released expires at
+    /// its TTL.
+    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        if let Some(side) = self.only() {
+            return side.release(lease).await;
+        }
+        let (legacy, target) = self.split(lease)?;
+        let t = self.target.release(&target).await;
+        let l = self.legacy.release(&legacy).await;
+        // Stops the task watching the sides' revocation signals.
+        if let Some(r) = lease.revocation() {
+            r.cancel();
+        }
+        match (t, l) {
+            (Err(e), _) | (_, Err(e)) if e.is_lost() => Err(LockError::Lost {
+                name: lease.name().to_string(),
+            }),
+            (Err(e), _) | (_, Err(e)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// In `both`: the target's holder when there is one (its fence is the
+    /// lock's), else the legacy holder (a legacy-only client). See
+    /// [`MigrateBackend::inspect_sides`] for both.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
+        if let Some(side) = self.only() {
+            return side.inspect(name).await;
+        }
+        let sides = self.inspect_sides(name).await?;
+        Ok(sides.target.or(sides.legacy))
+    }
+
+    /// In `both`: removes the lock on both sides (target first); whether
+    /// either side had one.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: each side's removal either happened or did not.
+    async fn force_release(&self, name: &LockName) -> Result<bool, LockError> {
+        if let Some(side) = self.only() {
+            return side.force_release(name).await;
+        }
+        if !self.guarantees.force_release {
+            return Err(LockError::Unsupported {
+                op: "force_release",
+                backend: BACKEND,
+            });
+        }
+        let t = self.target.force_release(name).await?;
+        let l = self.legacy.force_release(name).await?;
+        Ok(t || l)
+    }
+
+    fn guarantees(&self) -> Guarantees {
+        self.guarantees.clone()
+    }
+}
+
+/// The earlier of the two renewals' send times.
+fn lease_sent(l: &Lease, t: &Lease) -> Instant {
+    l.sent_at().min(t.sent_at())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lock_core::{FencingGuarantee, MemoryBackend};
+
+    #[test]
+    fn both_is_the_weaker_side_per_field_with_the_targets_fencing() {
+        let mut legacy = Guarantees::new("redis");
+        legacy.fencing = FencingGuarantee::UnlessDataLoss("restart without persistence");
+        legacy.expiry_clock = ExpiryClock::Server;
+        legacy.survives_restart = true;
+        legacy.wait = WaitMechanism::PubSub;
+        legacy.force_release = true;
+        let mut target = Guarantees::new("etcd");
+        target.fencing = FencingGuarantee::Strict;
+        target.fair_fifo = true;
+        target.expiry_clock = ExpiryClock::Consensus;
+        target.survives_restart = true;
+        target.survives_failover = true;
+        target.wait = WaitMechanism::Watch;
+        target.min_ttl = Duration::from_secs(2);
+        target.ttl_granularity = Duration::from_secs(1);
+        target.force_release = true;
+        let g = guarantees(&legacy, &target, Phase::Both);
+        assert_eq!(g.backend, "migrate");
+        assert_eq!(g.fencing, FencingGuarantee::Strict);
+        assert!(!g.fair_fifo);
+        assert_eq!(g.expiry_clock, ExpiryClock::Server);
+        assert!(g.survives_restart && !g.survives_failover);
+        assert_eq!(g.wait, WaitMechanism::PubSub);
+        assert_eq!(g.min_ttl, Duration::from_secs(2));
+        assert_eq!(g.ttl_granularity, Duration::from_secs(1));
+        assert!(g.force_release);
+        let t = guarantees(&legacy, &target, Phase::Target);
+        assert!(t.fair_fifo && t.survives_failover && t.backend == "migrate");
+        assert_eq!(
+            guarantees(&legacy, &target, Phase::Legacy).wait,
+            WaitMechanism::PubSub
+        );
+    }
+
+    #[test]
+    fn weaker_clock_prefers_wall_clocks() {
+        use ExpiryClock::*;
+        assert_eq!(weaker_clock(Consensus, ClientHost), ClientHost);
+        assert_eq!(weaker_clock(Server, Consensus), Server);
+        assert_eq!(weaker_clock(Local, Consensus), Consensus);
+    }
+
+    fn req(name: &str) -> AcquireRequest {
+        AcquireRequest::new(
+            LockName::new(name).unwrap(),
+            lock_core::OwnerToken::random(),
+            Duration::from_secs(5),
+            Duration::ZERO,
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_busy_target_releases_the_legacy_lock() {
+        let legacy = MemoryBackend::new();
+        let target = MemoryBackend::new();
+        let m = MigrateBackend::new(
+            Arc::new(legacy.clone()),
+            Arc::new(target.clone()),
+            Phase::Both,
+        );
+        let held = target.try_acquire(&req("n")).await.unwrap().unwrap();
+        assert!(m.try_acquire(&req("n")).await.unwrap().is_none());
+        let name = LockName::new("n").unwrap();
+        assert!(legacy.inspect(&name).await.unwrap().is_none());
+        target.release(&held).await.unwrap();
+        let l = m.try_acquire(&req("n")).await.unwrap().unwrap();
+        assert_eq!(
+            target.inspect(&name).await.unwrap().unwrap().fence,
+            Some(l.fence()),
+            "the fence is the target's"
+        );
+        m.release(&l).await.unwrap();
+        let sides = m.inspect_sides(&name).await.unwrap();
+        assert_eq!((sides.legacy, sides.target), (None, None));
+    }
+}
