@@ -12,7 +12,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! URLs: `zk://host:port[,host:port...][/chroot][?session_timeout=..&prefix=..]`;
+//! URLs: `zk://[user:password@]host:port[,host:port...][/chroot][?session_timeout=..&prefix=..&acl=..]`;
 //! every option is in [`ZkConfig`].
 //!
 //! # How a lock works
@@ -57,7 +57,9 @@ mod path;
 mod session;
 
 pub use backend::{guarantees, ZkBackend, MIN_TTL};
-pub use config::{ZkConfig, DEFAULT_OP_TIMEOUT, DEFAULT_PORT, DEFAULT_PREFIX};
+pub use config::{
+    ZkAcl, ZkConfig, DEFAULT_IDLE_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_PORT, DEFAULT_PREFIX,
+};
 pub use fence::fenced_set_data;
 
 use std::sync::Arc;

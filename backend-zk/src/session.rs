@@ -73,9 +73,13 @@ impl Sessions {
             return Ok(s);
         }
         let servers = config.connect_string();
-        let connect = Client::connector()
-            .with_session_timeout(timeout)
-            .connect(&servers);
+        let mut connector = Client::connector().with_session_timeout(timeout);
+        if let Some(d) = &config.auth {
+            // Sent with the session's first requests, and again after
+            // every reconnect by the driver.
+            connector = connector.with_auth("digest", &d.auth_data());
+        }
+        let connect = connector.connect(&servers);
         // Connecting waits for a session, which may take up to its timeout
         // while servers are unreachable.
         let limit = config.op_timeout.max(timeout);
