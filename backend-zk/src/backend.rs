@@ -402,11 +402,8 @@ impl ZkBackend {
                 match self.standing(&s, &dir, &node).await? {
                     Standing::Vanished => break,
                     Standing::First(sent) => {
-                        if stat.ephemeral_owner != s.id() {
-                            // Never take a node of an older session for a
-                            // live hold.
-                            break;
-                        }
+                        // `stat` is this session's own: `enter` returns a
+                        // node it created or one whose owner it checked.
                         ours.disarm();
                         return self.grant(req, &s, path, &stat, sent).map(Some);
                     }
