@@ -12,7 +12,7 @@ use lock_core::{
 };
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
-use zookeeper_client::{Acls, CreateMode, Error, Stat};
+use zookeeper_client::{CreateMode, Error, Stat};
 
 use crate::config::ZkConfig;
 use crate::errors::{from_zk, outcome_unknown, timed, BACKEND};
@@ -231,7 +231,7 @@ impl ZkBackend {
         let uuid = uuid::Uuid::new_v4().to_string();
         let prefix = node_prefix(dir, &uuid);
         let data = owner.to_string();
-        let opts = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let opts = CreateMode::EphemeralSequential.with_acls(self.inner.config.acls());
         let mut parents_made = false;
         let mut tries = 0;
         loop {
@@ -246,7 +246,7 @@ impl ZkBackend {
                 Ok(Ok((stat, seq))) => return Ok((format!("{prefix}{seq}"), stat)),
                 Ok(Err(Error::NoNode)) if !parents_made => {
                     parents_made = true;
-                    let dirs = CreateMode::Persistent.with_acls(Acls::anyone_all());
+                    let dirs = CreateMode::Persistent.with_acls(self.inner.config.acls());
                     timed("mkdir", self.op(), s.client.mkdir(dir, &dirs))
                         .await?
                         .map_err(|e| from_zk(&format!("creating {dir}"), e))?;
@@ -402,11 +402,8 @@ impl ZkBackend {
                 match self.standing(&s, &dir, &node).await? {
                     Standing::Vanished => break,
                     Standing::First(sent) => {
-                        if stat.ephemeral_owner != s.id() {
-                            // Never take a node of an older session for a
-                            // live hold.
-                            break;
-                        }
+                        // `stat` is this session's own: `enter` returns a
+                        // node it created or one whose owner it checked.
                         ours.disarm();
                         return self.grant(req, &s, path, &stat, sent).map(Some);
                     }

@@ -1,9 +1,15 @@
 //! Lock URL → client options. The only place ZooKeeper URLs are parsed.
 //!
 //! ```text
-//! zk://HOST[:PORT][,HOST[:PORT]...][/CHROOT][?OPTION=VALUE&...]
+//! zk://[USER:PASSWORD@]HOST[:PORT][,HOST[:PORT]...][/CHROOT][?OPTION=VALUE&...]
 //! ```
 //!
+//! - `USER:PASSWORD` (percent-encoded) authenticates every session of the
+//!   client with ZooKeeper's `digest` scheme (`addauth digest USER:PASSWORD`).
+//!   The password never appears in messages or `Debug` output. ZooKeeper
+//!   accepts any digest credentials: wrong ones are a different identity,
+//!   refused (a permanent "not authorized" error) by the nodes whose ACL
+//!   names the right one.
 //! - Several servers are separated by commas; the client moves to another
 //!   one when its server goes away, keeping its session. The port defaults
 //!   to 2181. IPv6 addresses go in brackets (`[::1]:2181`).
@@ -15,6 +21,8 @@
 //! | `prefix`          | `polylock` | the parent path of every lock: lock `NAME` is `/{prefix}/{NAME}` |
 //! | `session_timeout` | none       | one session of this timeout for every lock, whatever TTL is asked (see below) |
 //! | `op_timeout`      | 5s         | time for one request, then a retryable error |
+//! | `acl`             | `open`     | the ACL of every node this client creates: see [`ZkAcl`] |
+//! | `idle_timeout`    | 30s        | a session with no lock, no waiter and no request for this long is closed |
 //!
 //! Durations follow [`lock_core::duration`]: `250ms`, `1.5s`, `2m`, `1h`,
 //! `1m30s`; a bare number is milliseconds.
@@ -32,6 +40,7 @@ use std::time::Duration;
 use lock_core::url::LockUrl;
 use lock_core::LockError;
 use percent_encoding::percent_decode_str;
+use zookeeper_client::{Acl, Acls, Permission};
 
 use crate::path::validate_segment;
 
@@ -56,6 +65,9 @@ pub const DEFAULT_PREFIX: &str = "polylock";
 /// ```
 #[derive(Clone)]
 pub struct ZkConfig {
+    pub(crate) auth: Option<Digest>,
+    pub(crate) acl: ZkAcl,
+    pub(crate) idle_timeout: Duration,
     pub(crate) servers: Vec<String>,
     pub(crate) chroot: String,
     pub(crate) prefix: String,
@@ -73,6 +85,9 @@ impl fmt::Debug for ZkConfig {
             .field("prefix", &self.prefix)
             .field("session_timeout", &self.session_timeout)
             .field("op_timeout", &self.op_timeout)
+            .field("user", &self.auth.as_ref().map(|d| &d.user))
+            .field("acl", &self.acl)
+            .field("idle_timeout", &self.idle_timeout)
             .finish()
     }
 }
@@ -85,9 +100,20 @@ impl ZkConfig {
         if u.scheme() != "zk" {
             return Err(u.error(format_args!("the scheme must be zk, not `{}`", u.scheme())));
         }
-        if u.username().is_some() {
-            return Err(u.error("credentials in the URL are not supported by the zk scheme"));
-        }
+        let auth = match (u.username(), u.password()) {
+            (None, _) => None,
+            (Some(""), _) => return Err(u.error("the user name is empty")),
+            (Some(user), _) if user.contains(':') => {
+                return Err(u.error("the user name holds `:`, which digest auth cannot carry"))
+            }
+            (Some(_), None) => {
+                return Err(u.error("digest auth needs USER:PASSWORD, the password is missing"))
+            }
+            (Some(user), Some(password)) => Some(Digest {
+                user: user.to_string(),
+                password: password.to_string(),
+            }),
+        };
         let bad = |why: String| u.error(why);
         let servers = u
             .hosts()
@@ -110,6 +136,8 @@ impl ZkConfig {
         let mut prefix = DEFAULT_PREFIX.to_string();
         let mut session_timeout = None;
         let mut op_timeout = DEFAULT_OP_TIMEOUT;
+        let mut acl = ZkAcl::Open;
+        let mut idle_timeout = DEFAULT_IDLE_TIMEOUT;
         for (key, value) in u.options() {
             let opt = |why: String| u.option_error(key, why);
             match key {
@@ -128,11 +156,36 @@ impl ZkConfig {
                 }
                 "session_timeout" => session_timeout = Some(u.positive_duration(key, value)?),
                 "op_timeout" => op_timeout = u.positive_duration(key, value)?,
-                other => return Err(u.unknown_option(other, "prefix, session_timeout, op_timeout")),
+                "idle_timeout" => idle_timeout = u.positive_duration(key, value)?,
+                "acl" => {
+                    acl = match value {
+                        "open" => ZkAcl::Open,
+                        "creator" => ZkAcl::Creator,
+                        "read" => ZkAcl::Read,
+                        _ => return Err(opt("expected open, creator or read".into())),
+                    }
+                }
+                other => {
+                    return Err(u.unknown_option(
+                        other,
+                        "prefix, session_timeout, op_timeout, acl, idle_timeout",
+                    ))
+                }
             }
+        }
+        if acl != ZkAcl::Open && auth.is_none() {
+            // ZooKeeper refuses an `auth` ACL from a session with no
+            // identity (InvalidACL): say so before connecting.
+            return Err(u.option_error(
+                "acl",
+                "needs credentials in the URL (zk://USER:PASSWORD@HOST...)",
+            ));
         }
         let redacted = u.redacted().to_string();
         Ok(ZkConfig {
+            auth,
+            acl,
+            idle_timeout,
             servers,
             chroot,
             prefix,
@@ -167,11 +220,75 @@ impl ZkConfig {
     pub fn op_timeout(&self) -> Duration {
         self.op_timeout
     }
+    /// The digest user name, if the URL has credentials (the password is
+    /// not readable back).
+    pub fn user(&self) -> Option<&str> {
+        self.auth.as_ref().map(|d| d.user.as_str())
+    }
+    /// The ACL of the nodes this client creates.
+    pub fn acl(&self) -> ZkAcl {
+        self.acl
+    }
+    /// How long a session may sit unused before it is closed.
+    pub fn idle_timeout(&self) -> Duration {
+        self.idle_timeout
+    }
+    /// The ACL of the nodes this client creates, for the client library.
+    pub(crate) fn acls(&self) -> Acls<'static> {
+        // Creator all, world read: the Read variant's list.
+        static CREATOR_ALL_ANYONE_READ: [Acl; 2] = [
+            Acl::new_const(Permission::ALL, "auth", ""),
+            Acl::new_const(Permission::READ, "world", "anyone"),
+        ];
+        match self.acl {
+            ZkAcl::Open => Acls::anyone_all(),
+            ZkAcl::Creator => Acls::creator_all(),
+            ZkAcl::Read => Acls::new(&CREATOR_ALL_ANYONE_READ),
+        }
+    }
     /// The connect string for the client library (servers only: the chroot
     /// is applied by this crate, which creates it when missing).
     pub(crate) fn connect_string(&self) -> String {
         self.servers.join(",")
     }
+}
+
+/// The default of `idle_timeout`.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Digest credentials. No `Debug`: the password must not be printable.
+#[derive(Clone)]
+pub(crate) struct Digest {
+    pub(crate) user: String,
+    password: String,
+}
+
+impl Digest {
+    /// The `digest` scheme's auth data, `user:password`.
+    pub(crate) fn auth_data(&self) -> Vec<u8> {
+        format!("{}:{}", self.user, self.password).into_bytes()
+    }
+}
+
+/// The ACL put on every node a client creates: lock nodes, the lock's
+/// directory and any missing parent (as Curator's `ACLProvider` does).
+///
+/// ZooKeeper checks a delete against the parent's ACL, so it is the
+/// directory's ACL that keeps a foreign client from deleting a lock node;
+/// a directory (or prefix) created earlier by someone else keeps the ACL it
+/// was given then. Give each identity a prefix or chroot of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ZkAcl {
+    /// `acl=open`: `world:anyone:cdrwa`, anyone may do anything.
+    Open,
+    /// `acl=creator`: `auth::cdrwa`, only the identity of the URL's
+    /// credentials may read, queue, or delete.
+    Creator,
+    /// `acl=read`: the creator's identity has every right, anyone else may
+    /// read (so `inspect` works without credentials) but not queue or
+    /// delete.
+    Read,
 }
 
 fn decode(s: &str) -> Result<String, String> {
@@ -229,7 +346,35 @@ mod tests {
         assert!(err("zk://h?prefix=a&prefix=b").contains("twice"));
         assert!(err("zk://h?session_timeout=0").contains("above zero"));
         assert!(err("zk://h?colour=blue").contains("unknown option `colour`"));
-        assert!(err("zk://u:secret@h").contains("credentials"));
-        assert!(!err("zk://u:secret@h").contains("secret"));
+        assert!(err("zk://h?acl=world").contains("expected open, creator or read"));
+        assert!(err("zk://h?acl=creator").contains("needs credentials"));
+        assert!(err("zk://h?acl=read").contains("needs credentials"));
+        assert!(err("zk://h?idle_timeout=0").contains("above zero"));
+        assert!(err("zk://u@h").contains("password is missing"));
+        assert!(err("zk://:secret@h").contains("user name is empty"));
+        assert!(!err("zk://:secret@h").contains("secret"));
+        assert!(!err("zk://u:secret@h?colour=blue").contains("secret"));
+        assert!(!err("zk://u:secret@h?acl=x").contains("secret"));
+    }
+
+    #[test]
+    fn credentials_and_acls() {
+        let c = ZkConfig::parse("zk://al%40ice:p%3Ass@h?acl=creator&idle_timeout=2s").unwrap();
+        assert_eq!(c.user(), Some("al@ice"));
+        assert_eq!(c.auth.as_ref().unwrap().auth_data(), b"al@ice:p:ss");
+        assert_eq!(c.acl(), ZkAcl::Creator);
+        assert_eq!(c.idle_timeout(), Duration::from_secs(2));
+        assert_eq!(
+            ZkConfig::parse("zk://u:pw@h?acl=read").unwrap().acl(),
+            ZkAcl::Read
+        );
+        let c = ZkConfig::parse("zk://h").unwrap();
+        assert_eq!((c.user(), c.acl()), (None, ZkAcl::Open));
+        assert_eq!(c.idle_timeout(), DEFAULT_IDLE_TIMEOUT);
+        let c = ZkConfig::parse("zk://alice:s3cr3t@h?acl=open").unwrap();
+        for shown in [format!("{c:?}"), c.redacted_url().to_string()] {
+            assert!(!shown.contains("s3cr3t"), "{shown}");
+        }
+        assert!(format!("{c:?}").contains("alice"));
     }
 }

@@ -38,7 +38,13 @@ pub(crate) fn outcome_unknown(e: &Error) -> bool {
 
 /// The driver error as a [`LockError::Backend`], with what was being done.
 pub(crate) fn from_zk(what: &str, e: Error) -> LockError {
-    let msg = format!("{what}: {e}");
+    let msg = match e {
+        Error::NoAuth => format!(
+            "{what}: not authorized: the node's ACL does not grant this client's credentials"
+        ),
+        Error::AuthFailed => format!("{what}: the server refused the credentials"),
+        _ => format!("{what}: {e}"),
+    };
     if retryable(&e) {
         LockError::transient(BACKEND, msg)
     } else {
@@ -72,5 +78,6 @@ mod tests {
         assert!(!outcome_unknown(&Error::NodeExists));
         let m = from_zk("create /x", Error::NoAuth).to_string();
         assert!(m.contains("zookeeper") && m.contains("create /x"), "{m}");
+        assert!(m.contains("not authorized"), "{m}");
     }
 }

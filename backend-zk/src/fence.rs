@@ -1,12 +1,13 @@
 //! Writes that only happen while a lock is held.
 
 use lock_core::{Lease, LockError};
-use zookeeper_client::{Acls, CheckWriteError, CreateMode, Error};
+use zookeeper_client::{CheckWriteError, CreateMode, Error};
 
 use crate::backend::ZkBackend;
 use crate::errors::{from_zk, timed};
 
-/// Writes `data` to the node at `path` (created persistent if missing) in
+/// Writes `data` to the node at `path` (created persistent, with the URL's
+/// `acl`, if missing) in
 /// ONE multi-op that first checks `lease`'s lock node still exists
 /// unchanged: a holder whose lock was lost (expired, removed, its session
 /// gone) cannot write, whatever it believes. `Err(Lost)` when the check
@@ -33,7 +34,7 @@ pub async fn fenced_set_data(
             .new_check_writer(node, Some(0))
             .map_err(|e| from_zk("fenced write", e))?;
         if create {
-            let opts = CreateMode::Persistent.with_acls(Acls::anyone_all());
+            let opts = CreateMode::Persistent.with_acls(backend.config().acls());
             w.add_create(path, data, &opts)
         } else {
             w.add_set_data(path, data, None)

@@ -12,7 +12,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! URLs: `zk://host:port[,host:port...][/chroot][?session_timeout=..&prefix=..]`;
+//! URLs: `zk://[user:password@]host:port[,host:port...][/chroot][?session_timeout=..&prefix=..&acl=..]`;
 //! every option is in [`ZkConfig`].
 //!
 //! # How a lock works
@@ -41,7 +41,8 @@
 //!   lease's local deadline unless the session reconnects in time. When the
 //!   session expires (or is closed), every lease of that session is revoked
 //!   at once through [`lock_core::Lease::with_revocation`]; later
-//!   acquisitions open a new session. A node whose ephemeral owner is not
+//!   acquisitions open a new session. A session with no lease, no waiter
+//!   and no request for `idle_timeout` (30 s by default) is closed. A node whose ephemeral owner is not
 //!   the current session is never taken for a live hold.
 //!
 //! Built on the `zookeeper-client` crate's primitives rather than its lock
@@ -57,7 +58,9 @@ mod path;
 mod session;
 
 pub use backend::{guarantees, ZkBackend, MIN_TTL};
-pub use config::{ZkConfig, DEFAULT_OP_TIMEOUT, DEFAULT_PORT, DEFAULT_PREFIX};
+pub use config::{
+    ZkAcl, ZkConfig, DEFAULT_IDLE_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_PORT, DEFAULT_PREFIX,
+};
 pub use fence::fenced_set_data;
 
 use std::sync::Arc;

@@ -1,8 +1,10 @@
 //! ZooKeeper sessions: one per lease length, watched for expiry.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use lock_core::LockError;
 use tokio_util::sync::CancellationToken;
@@ -45,11 +47,24 @@ impl Drop for Session {
 }
 
 /// The sessions of one client, keyed by the timeout asked for in ms.
+///
+/// A session nobody uses (no lease, no waiter, no request: only this map
+/// holds it) for the client's `idle_timeout` is closed, so a process that
+/// asked for many TTLs over its life does not keep a session per TTL open
+/// on the ensemble forever. The next lock of that TTL opens a new one.
 #[derive(Debug, Default)]
 pub(crate) struct Sessions {
-    by_timeout: Mutex<HashMap<u64, Arc<Session>>>,
+    by_timeout: Arc<Mutex<HashMap<u64, Slot>>>,
     /// One connect at a time, so concurrent first locks share a session.
     connecting: tokio::sync::Mutex<()>,
+    reaper: OnceLock<()>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    session: Arc<Session>,
+    /// Since when the reaper has seen nobody but the map hold the session.
+    idle_since: Option<Instant>,
 }
 
 impl Sessions {
@@ -58,7 +73,7 @@ impl Sessions {
     ///
     /// # Cancel safety
     /// Cancel safe: a session connected by a dropped call is kept for the
-    /// next one.
+    /// next one (until it has been idle for `idle_timeout`).
     pub(crate) async fn get(
         &self,
         config: &ZkConfig,
@@ -73,9 +88,13 @@ impl Sessions {
             return Ok(s);
         }
         let servers = config.connect_string();
-        let connect = Client::connector()
-            .with_session_timeout(timeout)
-            .connect(&servers);
+        let mut connector = Client::connector().with_session_timeout(timeout);
+        if let Some(d) = &config.auth {
+            // Sent with the session's first requests, and again after
+            // every reconnect by the driver.
+            connector = connector.with_auth("digest", &d.auth_data());
+        }
+        let connect = connector.connect(&servers);
         // Connecting waits for a session, which may take up to its timeout
         // while servers are unreachable.
         let limit = config.op_timeout.max(timeout);
@@ -87,17 +106,29 @@ impl Sessions {
             client,
         });
         watch_state(&session);
-        self.by_timeout
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, session.clone());
+        self.slots().insert(
+            key,
+            Slot {
+                session: session.clone(),
+                idle_since: None,
+            },
+        );
+        self.reaper
+            .get_or_init(|| spawn_reaper(Arc::downgrade(&self.by_timeout), config.idle_timeout));
         Ok(session)
     }
 
+    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Slot>> {
+        self.by_timeout.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn live(&self, key: u64) -> Option<Arc<Session>> {
-        let mut map = self.by_timeout.lock().unwrap_or_else(|p| p.into_inner());
-        match map.get(&key) {
-            Some(s) if s.is_live() => Some(s.clone()),
+        let mut map = self.slots();
+        match map.get_mut(&key) {
+            Some(slot) if slot.session.is_live() => {
+                slot.idle_since = None;
+                Some(slot.session.clone())
+            }
             Some(_) => {
                 map.remove(&key);
                 None
@@ -105,6 +136,47 @@ impl Sessions {
             None => None,
         }
     }
+}
+
+/// Closes the sessions of `slots` that nobody but the map has held for
+/// `idle`, checking a few times per `idle` (so a session goes between
+/// `idle` and `idle * 1.25` after its last use). Ends with the client.
+fn spawn_reaper(slots: Weak<Mutex<HashMap<u64, Slot>>>, idle: Duration) {
+    let period = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(period).await;
+            let Some(slots) = slots.upgrade() else { return };
+            let now = Instant::now();
+            let mut closed = Vec::new();
+            {
+                let mut map = slots.lock().unwrap_or_else(|p| p.into_inner());
+                map.retain(|_, slot| {
+                    // The map holds a count under its lock, so a `get` cannot
+                    // hand the session out between this check and removal.
+                    if Arc::strong_count(&slot.session) > 1 {
+                        slot.idle_since = None;
+                        return true;
+                    }
+                    let since = *slot.idle_since.get_or_insert(now);
+                    if now.duration_since(since) < idle && slot.session.is_live() {
+                        return true;
+                    }
+                    closed.push(slot.session.clone());
+                    false
+                });
+            }
+            for s in closed {
+                tracing::debug!(
+                    backend = BACKEND,
+                    session = s.id(),
+                    "closing an idle ZooKeeper session"
+                );
+                // Dropping the last handle closes the session on the server.
+                drop(s);
+            }
+        }
+    });
 }
 
 /// Cancels `session.ended` when the session reaches a terminal state.

@@ -1,23 +1,40 @@
 //! A create whose reply is lost (the connection reset after the server
 //! applied it) is recovered by finding our node by its uuid: the client
-//! ends up with exactly one node, the one it holds.
+//! ends up with exactly one node, the one it holds. A node with our uuid
+//! that another session owns is never taken for ours.
 
 mod common;
 
 use std::time::Duration;
 
 use backend_zk::ZkBackend;
-use lock_core::LockBackend;
+use lock_core::{Lease, LockBackend, LockError};
 use testkit::{Mode, Proxy};
 use tokio::time::sleep;
+use zookeeper_client::{Acls, Client, CreateMode};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_create_reply_is_recovered_by_uuid() {
+/// What the lost-reply scenario leaves behind.
+struct Lost {
+    /// The client's way to the server: dropping it cuts the client off.
+    _proxy: Proxy,
+    client: ZkBackend,
+    raw: Client,
+    dir: String,
+    /// The node whose create reply was lost.
+    node: String,
+    attempt: Result<Option<Lease>, LockError>,
+}
+
+/// Runs a `try_acquire` whose create reaches the server and whose reply is
+/// cut off. With `impostor`, while the client is cut off, a direct client
+/// deletes the node the lost reply was for and creates one with the same
+/// uuid in its own session.
+async fn lose_create_reply(name: &str, impostor: bool) -> Lost {
     let server = common::server();
     let proxy = Proxy::start(server.addr()).expect("proxy");
     let url = format!("zk://{}", proxy.addr());
     let client = ZkBackend::connect(&url).await.expect("connect");
-    let name = common::unique("lost-reply");
+    let name = common::unique(name);
     let ttl = Duration::from_secs(10);
     // Open the session first, so only the create meets the fault.
     client.session_id(ttl).await.expect("session");
@@ -36,35 +53,100 @@ async fn a_lost_create_reply_is_recovered_by_uuid() {
     // The request reaches the server after 300 ms (the parents' creates and
     // then ours, each delayed); reset while the create's reply is on its
     // way back.
-    let raw = zookeeper_client::Client::connect(&server.connect_string())
+    let raw = Client::connect(&server.connect_string())
         .await
         .expect("raw client");
     let mut waited = Duration::ZERO;
-    loop {
-        let n = raw.list_children(&dir).await.map(|c| c.len()).unwrap_or(0);
-        if n > 0 {
-            break;
+    let node = loop {
+        if let Some(first) = raw
+            .list_children(&dir)
+            .await
+            .ok()
+            .and_then(|c| c.first().cloned())
+        {
+            break first;
         }
         assert!(waited < Duration::from_secs(10), "the create never arrived");
         sleep(Duration::from_millis(5)).await;
         waited += Duration::from_millis(5);
-    }
+    };
     proxy.set_mode(Mode::Reset);
+    if impostor {
+        raw.delete(&format!("{dir}/{node}"), None)
+            .await
+            .expect("delete ours");
+        let protected = node.trim_end_matches(|c: char| c.is_ascii_digit());
+        let opts = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        raw.create(&format!("{dir}/{protected}"), b"other", &opts)
+            .await
+            .expect("create the impostor");
+    }
     sleep(Duration::from_millis(50)).await;
     proxy.set_mode(Mode::Pass);
+    let attempt = attempt.await.expect("task");
+    Lost {
+        _proxy: proxy,
+        client,
+        raw,
+        dir,
+        node,
+        attempt,
+    }
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_create_reply_is_recovered_by_uuid() {
+    let Lost {
+        _proxy,
+        client,
+        raw,
+        dir,
+        node,
+        attempt,
+    } = lose_create_reply("lost-reply", false).await;
     let lease = attempt
-        .await
-        .expect("task")
         .expect("try_acquire recovers")
         .expect("the lock is free: our own node is first");
     let children = raw.list_children(&dir).await.expect("list");
     assert_eq!(children.len(), 1, "a second node was created: {children:?}");
+    assert_eq!(children[0], node);
     assert_eq!(
         lease.backend_key(),
-        Some(format!("{dir}/{}", children[0]).as_str()),
+        Some(format!("{dir}/{node}").as_str()),
         "the lease is not on the node the lost reply was for"
     );
     client.release(&lease).await.expect("release");
     assert!(raw.list_children(&dir).await.expect("list").is_empty());
+}
+
+/// Our node is removed while the reply is lost, and another session puts a
+/// node with our uuid in its place (what an older session of ours, still
+/// listed, looks like): its ephemeral owner is not our session, so it is
+/// neither taken for our hold nor deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_our_uuid_owned_by_another_session_is_not_ours() {
+    let Lost {
+        _proxy,
+        client,
+        raw,
+        dir,
+        node,
+        attempt,
+    } = lose_create_reply("impostor", true).await;
+    let impostor = raw.list_children(&dir).await.expect("list");
+    assert!(
+        matches!(attempt, Ok(None)),
+        "the other session's node was taken for our hold: {attempt:?}"
+    );
+    assert_eq!(impostor.len(), 1, "{impostor:?}");
+    assert_ne!(impostor[0], node);
+    let (_, stat) = raw
+        .get_data(&format!("{dir}/{}", impostor[0]))
+        .await
+        .expect("the other session's node is still there");
+    assert_eq!(stat.ephemeral_owner, raw.session_id().0);
+    assert_ne!(
+        stat.ephemeral_owner,
+        client.session_id(Duration::from_secs(10)).await.unwrap()
+    );
 }
