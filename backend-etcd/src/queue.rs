@@ -427,9 +427,15 @@ mod tests {
 
     #[test]
     fn a_watch_covers_a_read_only_if_nothing_was_written_between() {
-        assert!(watch_covers(41, 41), "same revision: the watch sees all after the read");
+        assert!(
+            watch_covers(41, 41),
+            "same revision: the watch sees all after the read"
+        );
         assert!(watch_covers(41, 40), "a member behind the read's revision");
-        assert!(!watch_covers(41, 42), "one write between: it may be the delete");
+        assert!(
+            !watch_covers(41, 42),
+            "one write between: it may be the delete"
+        );
     }
 
     async fn etcd_conn(server: &testkit::EtcdServer) -> Conn {
