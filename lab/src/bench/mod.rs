@@ -54,7 +54,7 @@ impl Options {
             backends: BACKENDS.iter().map(|s| s.to_string()).collect(),
             duration: Duration::from_secs(5),
             held_locks: 10_000,
-            held_ttl: Duration::from_secs(9),
+            held_ttl: Duration::from_secs(15),
             tasks: 64,
             workers: 8,
             allocated: None,

@@ -74,6 +74,24 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// The command that reproduces this run, for the report: the arguments
+/// without `--out` (where the files went does not change the figures).
+fn command_line(args: impl Iterator<Item = String>) -> String {
+    let mut words = vec!["polylock bench".to_string()];
+    let mut skip_next = false;
+    for a in args {
+        if std::mem::take(&mut skip_next) {
+            continue;
+        }
+        if a == "--out" {
+            skip_next = true;
+        } else if !a.starts_with("--out=") {
+            words.push(a);
+        }
+    }
+    words.join(" ")
+}
+
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     let mut opts = if args.quick {
@@ -88,10 +106,7 @@ fn main() -> std::process::ExitCode {
         opts.duration = d;
     }
     opts.allocated = Some(in_use);
-    opts.command = std::iter::once("polylock bench".to_string())
-        .chain(std::env::args().skip(1).filter(|a| !a.starts_with("--out")))
-        .collect::<Vec<_>>()
-        .join(" ");
+    opts.command = command_line(std::env::args().skip(1));
     if let Err(e) = opts.validate() {
         eprintln!("polylock bench: {e}");
         return std::process::ExitCode::from(2);
