@@ -40,7 +40,7 @@ pub(crate) struct Target {
 /// same driver the backend uses, with no lock layer.
 pub(crate) enum Raw {
     Redis(Vec<redis::aio::MultiplexedConnection>),
-    Etcd(etcd_client::Client, i64),
+    Etcd(Box<etcd_client::Client>, i64),
     Pg(PgPool),
     My(MySqlPool),
     Lite(SqlitePool),
@@ -158,7 +158,7 @@ impl Raw {
                     .await
                     .map_err(|e| format!("raw etcd lease: {e}"))?
                     .id();
-                Raw::Etcd(c, lease)
+                Raw::Etcd(Box::new(c), lease)
             }
             Servers::Pg(s) => {
                 let o = PgConnectOptions::from_str(&s.url()).map_err(|e| e.to_string())?;
