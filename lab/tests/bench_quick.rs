@@ -65,6 +65,11 @@ fn quick_run_writes_the_report_with_sane_numbers() {
                     "{want}: hand-offs seen"
                 );
             }
+            let hold_us = num(c, &["hold_ms"]) * 1000.0;
+            assert!(
+                num(c, &["hold_actual_us"]) >= hold_us,
+                "{want}: held at least the hold"
+            );
             let share = num(c, &["releaser_reacquired"]);
             assert!((0.0..=1.0).contains(&share));
         }

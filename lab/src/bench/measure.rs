@@ -169,6 +169,8 @@ pub struct Contention {
     pub workers: usize,
     /// How long each holds the lock, in milliseconds.
     pub hold_ms: u64,
+    /// The mean hold actually spent, in microseconds.
+    pub hold_actual_us: f64,
     /// Acquisitions per second, all workers together.
     pub acquisitions_per_s: f64,
     /// From the start of a release to the next holder's acquire returning,
@@ -196,7 +198,13 @@ pub(crate) async fn contention(
     }
     let name = format!("bench/contended/{}", hold.as_millis());
     let last: Arc<Mutex<Option<(usize, Instant)>>> = Arc::new(Mutex::new(None));
-    let samples = Arc::new(Mutex::new((Vec::new(), Vec::new(), 0u64, 0u64)));
+    let samples = Arc::new(Mutex::new((
+        Vec::new(),
+        Vec::new(),
+        0u64,
+        0u64,
+        Duration::ZERO,
+    )));
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
     let started = Instant::now();
@@ -225,9 +233,14 @@ pub(crate) async fn contention(
                         None => {}
                     }
                 }
-                if !hold.is_zero() {
-                    sleep(hold).await;
+                // Busy for the hold, yielding: tokio's timer rounds a
+                // 1 ms sleep up to the next millisecond tick (1-2 ms),
+                // which would measure the timer instead of the lock.
+                let held_at = Instant::now();
+                while held_at.elapsed() < hold {
+                    tokio::task::yield_now().await;
                 }
+                samples.lock().unwrap().4 += held_at.elapsed();
                 *last.lock().unwrap() = Some((me, Instant::now()));
                 g.release().await.map_err(lock_err("release"))?;
             }
@@ -248,6 +261,11 @@ pub(crate) async fn contention(
     Ok(Contention {
         workers,
         hold_ms: hold.as_millis() as u64,
+        hold_actual_us: if s.2 == 0 {
+            0.0
+        } else {
+            s.4.as_secs_f64() * 1e6 / s.2 as f64
+        },
         acquisitions_per_s: taken as f64 / (counted_until - started).as_secs_f64(),
         handoff: Summary::of(&s.0),
         wait: Summary::of(&s.1),

@@ -408,16 +408,17 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(s, "## Contention\n");
     let _ = writeln!(
         s,
-        "| backend | hold | acq/s | hand-off p50 | hand-off p99 | wait p99 | wait max | releaser re-acquired |"
+        "| backend | hold | actual hold | acq/s | hand-off p50 | hand-off p99 | wait p99 | wait max | releaser re-acquired |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
     for b in &r.backends {
         for c in &b.contention {
             let _ = writeln!(
                 s,
-                "| {} | {} ms | {:.0} | {} | {} | {} | {} | {:.0}% |",
+                "| {} | {} ms | {} | {:.0} | {} | {} | {} | {} | {:.0}% |",
                 b.backend,
                 c.hold_ms,
+                ms(c.hold_actual_us),
                 c.acquisitions_per_s,
                 ms(c.handoff.p50_us),
                 ms(c.handoff.p99_us),
@@ -480,7 +481,8 @@ pub fn markdown(r: &Report) -> String {
          raw connection or pool).\n\
          - Contention: each worker has its own client and loops acquire (wait) → hold → release. \
          Hand-off: from the start of a release to another worker's acquire returning. Wait: from \
-         asking to holding.\n\
+         asking to holding. The hold is busy (yielding) rather than a timer sleep, \
+         which tokio rounds up to the next millisecond.\n\
          - Held locks: one client holds them with automatic renewal; the server's own request \
          counter (Redis script calls from `INFO commandstats` summed over nodes, etcd \
          `grpc_server_msg_received_total`, PostgreSQL `pg_stat_database` transactions, MariaDB \
