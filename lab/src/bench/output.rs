@@ -408,14 +408,14 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(s, "## Contention\n");
     let _ = writeln!(
         s,
-        "| backend | hold | actual hold | acq/s | hand-off p50 | hand-off p99 | wait p99 | wait max | releaser re-acquired |"
+        "| backend | hold | actual hold | acq/s | hand-off p50 | hand-off p99 | wait p99 | wait max | releaser re-acquired | transient errors |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
     for b in &r.backends {
         for c in &b.contention {
             let _ = writeln!(
                 s,
-                "| {} | {} ms | {} | {:.0} | {} | {} | {} | {} | {:.0}% |",
+                "| {} | {} ms | {} | {:.0} | {} | {} | {} | {} | {:.0}% | {} |",
                 b.backend,
                 c.hold_ms,
                 ms(c.hold_actual_us),
@@ -424,7 +424,8 @@ pub fn markdown(r: &Report) -> String {
                 ms(c.handoff.p99_us),
                 ms(c.wait.p99_us),
                 ms(c.wait.max_us),
-                c.releaser_reacquired * 100.0
+                c.releaser_reacquired * 100.0,
+                c.transient_errors
             );
         }
     }
