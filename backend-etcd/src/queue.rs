@@ -337,21 +337,27 @@ pub(crate) enum WatchEnd {
     Recheck,
 }
 
-/// Waits until `key` is deleted, watching from `after_rev + 1` so that a
-/// delete between the read that found the key and the watch's creation is
-/// still seen. Runs until the delete or the stream's end; callers race it
+/// Waits until `key` (seen by a read at revision `seen_at`) is deleted, or
+/// changed since that read (deleted and created again). Runs until the delete or the stream's end; callers race it
 /// against their deadline.
+///
+/// The watch starts at the server's current revision, never at
+/// `seen_at + 1`: etcd serves a watch whose start revision has already
+/// passed from its "unsynced" group, which a background loop catches up
+/// only every 100 ms, so under contention (a write landing between the read
+/// and the watch) every wake-up waited up to 100 ms. A watch from "now" is
+/// synced at once; the created answer tells from which revision it covers,
+/// and only if writes landed since `seen_at` does one read check that the
+/// claim outlived them (see [`watch_covers`]).
 ///
 /// # Cancel safety
 /// Cancel safe: dropping it closes the watch stream.
 pub(crate) async fn wait_deleted(
     conn: &Conn,
     key: &str,
-    after_rev: i64,
+    seen_at: i64,
 ) -> Result<WatchEnd, LockError> {
-    let opts = WatchOptions::new()
-        .with_start_revision(after_rev + 1)
-        .with_filters([WatchFilterType::NoPut]);
+    let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
     let mut stream = conn.watch(key, opts).await?;
     loop {
         match stream.message().await {
@@ -365,11 +371,45 @@ pub(crate) async fn wait_deleted(
                 if r.canceled() || r.compact_revision() != 0 {
                     return Ok(WatchEnd::Recheck);
                 }
+                if r.created() {
+                    let from = header_revision("watching the predecessor", r.header())?;
+                    if !watch_covers(seen_at, from) {
+                        // Writes landed between our read and the watch; the
+                        // delete may be one of them. Unchanged since the read
+                        // (not a new key under the same name) means any
+                        // delete comes later, inside the watch.
+                        if !unchanged_since(conn, key, seen_at).await? {
+                            return Ok(WatchEnd::Deleted);
+                        }
+                    }
+                }
             }
             Ok(None) => return Ok(WatchEnd::Recheck),
             Err(e) => return Err(crate::errors::from_etcd("watching the predecessor", e)),
         }
     }
+}
+
+/// Whether `key` exists, last written at or before revision `rev`.
+///
+/// # Cancel safety
+/// Cancel safe: read only.
+async fn unchanged_since(conn: &Conn, key: &str, rev: i64) -> Result<bool, LockError> {
+    let r = conn
+        .get(
+            "checking the claim ahead in the queue",
+            key,
+            Some(GetOptions::new().with_keys_only()),
+        )
+        .await?;
+    Ok(r.kvs().first().is_some_and(|kv| kv.mod_revision() <= rev))
+}
+
+/// Whether a watch whose created answer carries revision `watch_rev` (etcd
+/// sends every event after it) sees every change after a read at revision
+/// `seen_at`: only if nothing was written in between.
+pub(crate) fn watch_covers(seen_at: i64, watch_rev: i64) -> bool {
+    watch_rev <= seen_at
 }
 
 fn header_revision(
@@ -384,6 +424,90 @@ fn header_revision(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_watch_covers_a_read_only_if_nothing_was_written_between() {
+        assert!(
+            watch_covers(41, 41),
+            "same revision: the watch sees all after the read"
+        );
+        assert!(watch_covers(41, 40), "a member behind the read's revision");
+        assert!(
+            !watch_covers(41, 42),
+            "one write between: it may be the delete"
+        );
+    }
+
+    async fn etcd_conn(server: &testkit::EtcdServer) -> Conn {
+        let client = etcd_client::Client::connect([server.endpoint()], None)
+            .await
+            .unwrap();
+        Conn::new(&client, std::time::Duration::from_secs(5))
+    }
+
+    async fn put(conn: &Conn, key: &str) -> Claim {
+        let txn = Txn::new().and_then(vec![TxnOp::put(key, "v", None)]);
+        conn.txn("test put", Retry::Any, txn).await.unwrap();
+        claim_of(conn, key).await.unwrap().unwrap()
+    }
+
+    /// The race the watch-from-now design must close: the predecessor's
+    /// delete lands after the read that found it and before the watch
+    /// exists. The waiter must still wake, from the check read.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_delete_between_the_read_and_the_watch_is_not_missed() {
+        let server = testkit::EtcdServer::start().unwrap();
+        let conn = etcd_conn(&server).await;
+        let ahead = put(&conn, "q/ahead").await;
+        let seen_at = claim_of_rev(&conn, "q/ahead").await;
+        assert!(delete_own(&conn, "q/ahead").await.unwrap());
+        let ended = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            wait_deleted(&conn, &ahead.key, seen_at),
+        )
+        .await
+        .expect("the waiter wakes although the delete came before its watch");
+        assert_eq!(ended.unwrap(), WatchEnd::Deleted);
+
+        // The key deleted and created again (a new claim under the same
+        // key) before the watch: still a delete of the claim we waited for.
+        let ahead = put(&conn, "q/again").await;
+        let seen_at = claim_of_rev(&conn, "q/again").await;
+        assert!(delete_own(&conn, "q/again").await.unwrap());
+        let again = put(&conn, "q/again").await;
+        assert_ne!(again.create_rev, ahead.create_rev);
+        let ended = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            wait_deleted(&conn, &ahead.key, seen_at),
+        )
+        .await
+        .expect("the waiter wakes");
+        assert_eq!(ended.unwrap(), WatchEnd::Deleted);
+
+        // Writes elsewhere between the read and the watch, the claim still
+        // there: the waiter keeps waiting and wakes at the real delete.
+        let ahead = put(&conn, "q/held").await;
+        let seen_at = claim_of_rev(&conn, "q/held").await;
+        put(&conn, "q/other").await;
+        let waiting = tokio::spawn({
+            let (conn, ahead) = (conn.clone(), ahead.clone());
+            async move { wait_deleted(&conn, &ahead.key, seen_at).await }
+        });
+        // Long enough for the created answer and the check read.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        assert!(!waiting.is_finished(), "woke while the claim is held");
+        assert!(delete_own(&conn, "q/held").await.unwrap());
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(30), waiting)
+            .await
+            .expect("the waiter wakes at the delete")
+            .unwrap();
+        assert_eq!(ended.unwrap(), WatchEnd::Deleted);
+    }
+
+    async fn claim_of_rev(conn: &Conn, key: &str) -> i64 {
+        let r = conn.get("test read", key, None).await.unwrap();
+        header_revision("test read", r.header()).unwrap()
+    }
 
     #[test]
     fn layout_matches_go_concurrency_mutex() {

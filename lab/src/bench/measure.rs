@@ -1,0 +1,376 @@
+//! The measurements, each against one [`Target`].
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use lock_core::Locker;
+use serde::Serialize;
+use tokio::time::{sleep, Instant};
+
+use super::stats::Summary;
+use super::target::Target;
+
+type Res<T> = Result<T, String>;
+
+fn lock_err(what: &str) -> impl Fn(lock_core::LockError) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// Uncontended acquire + release, polylock next to the raw driver.
+#[derive(Clone, Debug, Serialize)]
+pub struct Cycle {
+    /// polylock's cycle latency.
+    pub polylock: Summary,
+    /// The raw driver's cycle latency.
+    pub raw: Summary,
+    /// polylock cycles per second.
+    pub polylock_per_s: f64,
+    /// Raw cycles per second.
+    pub raw_per_s: f64,
+    /// `polylock_per_s / raw_per_s`.
+    pub ratio: f64,
+    /// One minimal request (PING, SELECT 1, a get): the round trip.
+    pub round_trip: Summary,
+}
+
+/// Interleaves short rounds of both sides, so that load changes on the
+/// shared machine hit both alike.
+pub(crate) async fn cycle(t: &Target, locker: &Locker, d: Duration) -> Res<Cycle> {
+    let rounds = 10;
+    let per = d / (2 * rounds);
+    let (mut mine, mut raw) = (Vec::new(), Vec::new());
+    let (mut mine_t, mut raw_t) = (Duration::ZERO, Duration::ZERO);
+    // Warm-up: connections, sessions, prepared statements.
+    for _ in 0..20 {
+        one_cycle(locker, "bench/cycle").await?;
+        t.raw.cycle("bench/cycle").await?;
+    }
+    for r in 0..rounds {
+        for side in [r % 2, 1 - r % 2] {
+            let started = Instant::now();
+            while started.elapsed() < per {
+                let at = Instant::now();
+                if side == 0 {
+                    one_cycle(locker, "bench/cycle").await?;
+                    mine.push(at.elapsed());
+                } else {
+                    t.raw.cycle("bench/cycle").await?;
+                    raw.push(at.elapsed());
+                }
+            }
+            if side == 0 {
+                mine_t += started.elapsed();
+            } else {
+                raw_t += started.elapsed();
+            }
+        }
+    }
+    let mut rt = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < per.max(Duration::from_millis(200)) {
+        let at = Instant::now();
+        t.raw.ping().await?;
+        rt.push(at.elapsed());
+    }
+    let polylock_per_s = mine.len() as f64 / mine_t.as_secs_f64();
+    let raw_per_s = raw.len() as f64 / raw_t.as_secs_f64();
+    Ok(Cycle {
+        polylock: Summary::of(&mine),
+        raw: Summary::of(&raw),
+        polylock_per_s,
+        raw_per_s,
+        ratio: polylock_per_s / raw_per_s,
+        round_trip: Summary::of(&rt),
+    })
+}
+
+async fn one_cycle(locker: &Locker, name: &str) -> Res<()> {
+    let g = locker
+        .lock(name)
+        .ttl(TTL)
+        .try_acquire()
+        .await
+        .map_err(lock_err("acquire"))?
+        .ok_or_else(|| format!("`{name}` is held by someone else"))?;
+    g.release().await.map_err(lock_err("release"))
+}
+
+/// Many tasks on distinct names through one client.
+#[derive(Clone, Debug, Serialize)]
+pub struct Parallel {
+    /// How many tasks.
+    pub tasks: usize,
+    /// polylock cycles per second, all tasks together.
+    pub polylock_per_s: f64,
+    /// The raw driver's cycles per second, same tasks, requests in flight
+    /// together on one client (pipelined where the driver multiplexes).
+    pub raw_per_s: f64,
+    /// `polylock_per_s / raw_per_s`.
+    pub ratio: f64,
+}
+
+pub(crate) async fn parallel(
+    t: &Target,
+    locker: &Locker,
+    tasks: usize,
+    d: Duration,
+) -> Res<Parallel> {
+    let half = d / 4;
+    let mut mine = 0.0;
+    let mut raw = 0.0;
+    // Two rounds each, alternating.
+    for r in 0..4 {
+        let polylock = r % 2 == 0;
+        let done = Arc::new(AtomicU64::new(0));
+        let stop = Instant::now() + half;
+        let mut handles = Vec::new();
+        for i in 0..tasks {
+            let (done, locker, raw) = (done.clone(), locker.clone(), t.raw.clone());
+            handles.push(tokio::spawn(async move {
+                let name = format!("bench/par/{i}");
+                while Instant::now() < stop {
+                    if polylock {
+                        one_cycle(&locker, &name).await?;
+                    } else {
+                        raw.cycle(&name).await?;
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<_, String>(())
+            }));
+        }
+        let started = Instant::now();
+        for h in handles {
+            h.await.map_err(|e| e.to_string())??;
+        }
+        let rate = done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+        if polylock {
+            mine += rate / 2.0;
+        } else {
+            raw += rate / 2.0;
+        }
+    }
+    Ok(Parallel {
+        tasks,
+        polylock_per_s: mine,
+        raw_per_s: raw,
+        ratio: mine / raw,
+    })
+}
+
+/// Workers contending for one name.
+#[derive(Clone, Debug, Serialize)]
+pub struct Contention {
+    /// How many workers, each with its own client.
+    pub workers: usize,
+    /// How long each holds the lock, in milliseconds.
+    pub hold_ms: u64,
+    /// The mean hold actually spent, in microseconds.
+    pub hold_actual_us: f64,
+    /// Acquisitions per second, all workers together.
+    pub acquisitions_per_s: f64,
+    /// From the start of a release to the next holder's acquire returning,
+    /// when the next holder is another worker.
+    pub handoff: Summary,
+    /// From a worker asking to the worker holding.
+    pub wait: Summary,
+    /// Share of acquisitions that went to the worker that released last.
+    pub releaser_reacquired: f64,
+    /// Acquires or releases that failed with a retryable error (timeouts
+    /// on a loaded machine); the worker went on.
+    pub transient_errors: u64,
+}
+
+pub(crate) async fn contention(
+    t: &Target,
+    workers: usize,
+    hold: Duration,
+    d: Duration,
+) -> Res<Contention> {
+    let mut lockers = Vec::new();
+    for _ in 0..workers {
+        lockers.push(
+            polylock::connect(&t.url)
+                .await
+                .map_err(lock_err("connect"))?,
+        );
+    }
+    let name = format!("bench/contended/{}", hold.as_millis());
+    let last: Arc<Mutex<Option<(usize, Instant)>>> = Arc::new(Mutex::new(None));
+    let samples = Arc::new(Mutex::new((
+        Vec::new(),
+        Vec::new(),
+        0u64,
+        0u64,
+        Duration::ZERO,
+        0u64,
+    )));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    let started = Instant::now();
+    for (me, locker) in lockers.into_iter().enumerate() {
+        let (last, samples, stop, name) =
+            (last.clone(), samples.clone(), stop.clone(), name.clone());
+        handles.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let asked = Instant::now();
+                let g = match locker
+                    .lock(&name)
+                    .ttl(TTL)
+                    .wait(Duration::from_secs(60))
+                    .acquire()
+                    .await
+                {
+                    Ok(g) => g,
+                    // A loaded shared machine makes requests time out now
+                    // and then: counted and reported, not fatal.
+                    Err(e) if e.is_retryable() => {
+                        samples.lock().unwrap().5 += 1;
+                        continue;
+                    }
+                    Err(e) => return Err(lock_err("acquire under contention")(e)),
+                };
+                let got = Instant::now();
+                let prev = *last.lock().unwrap();
+                {
+                    let mut s = samples.lock().unwrap();
+                    s.1.push(got - asked);
+                    s.2 += 1;
+                    match prev {
+                        Some((w, _)) if w == me => s.3 += 1,
+                        Some((_, at)) => s.0.push(got - at),
+                        None => {}
+                    }
+                }
+                // Busy for the hold, yielding: tokio's timer rounds a
+                // 1 ms sleep up to the next millisecond tick (1-2 ms),
+                // which would measure the timer instead of the lock.
+                let held_at = Instant::now();
+                while held_at.elapsed() < hold {
+                    tokio::task::yield_now().await;
+                }
+                samples.lock().unwrap().4 += held_at.elapsed();
+                *last.lock().unwrap() = Some((me, Instant::now()));
+                match g.release().await {
+                    Ok(()) => {}
+                    Err(e) if e.is_retryable() => samples.lock().unwrap().5 += 1,
+                    Err(e) => return Err(lock_err("release")(e)),
+                }
+            }
+            Ok::<_, String>(())
+        }));
+    }
+    sleep(d).await;
+    stop.store(true, Ordering::Relaxed);
+    let counted_until = Instant::now();
+    let taken = {
+        let s = samples.lock().unwrap();
+        s.2
+    };
+    for h in handles {
+        h.await.map_err(|e| e.to_string())??;
+    }
+    let s = samples.lock().unwrap();
+    Ok(Contention {
+        workers,
+        hold_ms: hold.as_millis() as u64,
+        hold_actual_us: if s.2 == 0 {
+            0.0
+        } else {
+            s.4.as_secs_f64() * 1e6 / s.2 as f64
+        },
+        acquisitions_per_s: taken as f64 / (counted_until - started).as_secs_f64(),
+        handoff: Summary::of(&s.0),
+        wait: Summary::of(&s.1),
+        releaser_reacquired: if s.2 == 0 {
+            0.0
+        } else {
+            s.3 as f64 / s.2 as f64
+        },
+        transient_errors: s.5,
+    })
+}
+
+/// Many locks held at once by one client.
+#[derive(Clone, Debug, Serialize)]
+pub struct Held {
+    /// How many locks.
+    pub locks: usize,
+    /// The TTL they were taken with, in seconds.
+    pub ttl_s: f64,
+    /// Requests per second the server counted while they were held (its
+    /// own counters: Redis INFO commandstats, etcd /metrics, pg_stat_database,
+    /// MariaDB's Questions, ZooKeeper's mntr); `None` without a server.
+    pub server_requests_per_s: Option<f64>,
+    /// Client heap bytes per held lock (the bench binary's counting
+    /// allocator); `None` when the binary counts nothing.
+    pub client_bytes_per_lock: Option<f64>,
+    /// Whether every lock was still held at the end.
+    pub all_held: bool,
+}
+
+pub(crate) async fn held(
+    t: &Target,
+    locks: usize,
+    ttl: Duration,
+    allocated: Option<fn() -> usize>,
+) -> Res<Held> {
+    let locker = polylock::connect(&t.url)
+        .await
+        .map_err(lock_err("connect"))?;
+    // Settle the connection before the baseline.
+    one_cycle(&locker, "bench/held/warm").await?;
+    let before = allocated.map(|f| f());
+    let guards: Vec<_> = futures::stream::iter(0..locks)
+        .map(|i| {
+            let locker = locker.clone();
+            async move {
+                locker
+                    .lock(format!("bench/held/{locks}/{i}"))
+                    .ttl(ttl)
+                    .acquire()
+                    .await
+                    .map_err(lock_err("acquire a held lock"))
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Res<_>>()?;
+    let bytes = match (before, allocated) {
+        (Some(b), Some(f)) => Some((f().saturating_sub(b)) as f64 / locks as f64),
+        _ => None,
+    };
+    // Let the renewals of the acquisition burst spread out, then count
+    // over one full TTL (three renewal periods).
+    sleep(ttl / 3).await;
+    let c0 = t.server_requests().await?;
+    let at = Instant::now();
+    sleep(ttl).await;
+    let c1 = t.server_requests().await?;
+    let secs = at.elapsed().as_secs_f64();
+    let rate = match (c0, c1) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / secs),
+        _ => None,
+    };
+    let all_held = guards.iter().all(|g| g.is_held());
+    futures::stream::iter(guards)
+        .map(|g| async move { g.release().await.map_err(lock_err("release a held lock")) })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Res<Vec<_>>>()?;
+    Ok(Held {
+        locks,
+        ttl_s: ttl.as_secs_f64(),
+        server_requests_per_s: rate,
+        client_bytes_per_lock: bytes,
+        all_held,
+    })
+}

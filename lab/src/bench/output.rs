@@ -1,0 +1,580 @@
+//! Everything `polylock bench` writes, built from a [`Report`] alone: the
+//! terminal table, docs/performance.json, the SVG charts and
+//! docs/performance.md with the issue's targets judged against the numbers.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use super::{BackendReport, Report, Summary};
+
+/// One target of issue #17, judged on a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Verdict {
+    /// The target as the issue states it.
+    pub target: String,
+    /// The measured value(s).
+    pub measured: String,
+    /// Met, not met, or not measured in this run (`None`).
+    pub met: Option<bool>,
+    /// Why, when not met.
+    pub note: String,
+}
+
+fn ms(us: f64) -> String {
+    if us >= 1000.0 {
+        format!("{:.1} ms", us / 1000.0)
+    } else {
+        format!("{us:.0} µs")
+    }
+}
+
+fn find<'a>(r: &'a Report, name: &str) -> Option<&'a BackendReport> {
+    r.backends.iter().find(|b| b.backend == name)
+}
+
+/// The issue's targets against `r`.
+pub fn verdicts(r: &Report) -> Vec<Verdict> {
+    let mut v = Vec::new();
+    let verdict = |target: &str, measured: String, met: Option<bool>, note: &str| Verdict {
+        target: target.into(),
+        measured,
+        met,
+        note: note.into(),
+    };
+    for b in &r.backends {
+        let ok = b.cycle.ratio >= 0.95;
+        v.push(verdict(
+            &format!("{}: uncontended cycle >= 0.95 of raw", b.backend),
+            format!("{:.2}", b.cycle.ratio),
+            Some(ok),
+            if ok {
+                ""
+            } else {
+                "the lock layer's per-cycle work (guard, watchdog registration, fencing) costs more than 5% of a round trip here; not profiled in this run"
+            },
+        ));
+    }
+    for b in &r.backends {
+        let ok = b.parallel.ratio >= 0.9;
+        v.push(verdict(
+            &format!(
+                "{}: {} tasks >= 0.9 of raw pipelined",
+                b.backend, b.parallel.tasks
+            ),
+            format!("{:.2}", b.parallel.ratio),
+            Some(ok),
+            if ok { "" } else { "not profiled in this run" },
+        ));
+    }
+    if find(r, "redis").is_some() {
+        v.push(verdict(
+            "redis fair mode (?fair=true), 8 workers, hold 1 ms: >= 850 acq/s, wait p99 < 20 ms, max < 50 ms",
+            "not measured".into(),
+            Some(false),
+            "the fair mode is not built yet, so there is nothing to measure",
+        ));
+    }
+    if let Some(c) = find(r, "redis").and_then(|b| b.contention.iter().find(|c| c.hold_ms == 1)) {
+        let ok = c.acquisitions_per_s >= 715.0 && c.wait.p99_us < 50_000.0;
+        v.push(verdict(
+            "redis default mode, 8 workers, hold 1 ms: >= 715 acq/s (the issue's figure) and wait p99 < 50 ms",
+            format!("{:.0} acq/s, p99 {}", c.acquisitions_per_s, ms(c.wait.p99_us)),
+            Some(ok),
+            if ok {
+                ""
+            } else {
+                "waiters race on each pub/sub wake-up and the releaser often wins (see the re-acquisition share); a FIFO hand-off is the fair mode's job"
+            },
+        ));
+    }
+    if let Some(b) = find(r, "etcd") {
+        let rate = |h| {
+            b.contention
+                .iter()
+                .find(|c| c.hold_ms == h)
+                .map_or(0.0, |c| c.acquisitions_per_s)
+        };
+        let ok = rate(0) >= rate(1);
+        v.push(verdict(
+            "etcd, 8 workers: hold 0 ms at least as fast as hold 1 ms",
+            format!("{:.0} vs {:.0} acq/s", rate(0), rate(1)),
+            Some(ok),
+            if ok { "" } else { "not profiled in this run" },
+        ));
+    }
+    for name in ["redis", "etcd", "postgres", "zk"] {
+        let Some(b) = find(r, name) else { continue };
+        let Some(c) = b.contention.iter().find(|c| c.hold_ms == 1) else {
+            continue;
+        };
+        let trips = c.handoff.p50_us / b.cycle.round_trip.p50_us;
+        v.push(verdict(
+            &format!("{name}: hand-off median < 3 back-to-back round trips"),
+            format!(
+                "{} = {trips:.1} round trips of {}",
+                ms(c.handoff.p50_us),
+                ms(b.cycle.round_trip.p50_us)
+            ),
+            Some(trips < 3.0),
+            if trips < 3.0 {
+                ""
+            } else {
+                "a hand-off is at least release + wake-up + acquire, each a round trip or more; not profiled in this run"
+            },
+        ));
+    }
+    for b in &r.backends {
+        let (Some(small), Some(large)) = (b.held.first(), b.held.last()) else {
+            continue;
+        };
+        match (small.server_requests_per_s, large.server_requests_per_s) {
+            (Some(a), Some(z)) if a > 0.0 && large.locks > small.locks => {
+                let exp = (z / a).ln() / (large.locks as f64 / small.locks as f64).ln();
+                let ok = exp < 0.9;
+                v.push(verdict(
+                    &format!("{}: renewal requests grow sub-linearly with held locks", b.backend),
+                    format!(
+                        "{:.1}/s at {} locks, {:.1}/s at {} (growth exponent {exp:.2})",
+                        a, small.locks, z, large.locks
+                    ),
+                    Some(ok),
+                    if ok {
+                        ""
+                    } else {
+                        "every held lock is renewed by its own request; batched renewals are not built yet"
+                    },
+                ));
+            }
+            _ => v.push(verdict(
+                &format!(
+                    "{}: renewal requests grow sub-linearly with held locks",
+                    b.backend
+                ),
+                "no server counters".into(),
+                None,
+                "embedded database: there is no server to count requests",
+            )),
+        }
+        if let Some(bytes) = large.client_bytes_per_lock {
+            let ok = bytes < 2048.0;
+            v.push(verdict(
+                &format!("{}: client memory < 2 KiB per held lock", b.backend),
+                format!("{bytes:.0} bytes at {} locks", large.locks),
+                Some(ok),
+                if ok { "" } else { "not profiled in this run" },
+            ));
+        }
+    }
+    v
+}
+
+/// The terminal table.
+pub fn table(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<9} {:>9} {:>9} {:>9} {:>6} {:>8} {:>6} | {:>8} {:>9} {:>9} {:>9} {:>6} | {:>8} {:>9} {:>9} {:>6} | {:>10} {:>9}",
+        "backend", "cycle p50", "p99", "cycles/s", "ratio", "64 tasks", "ratio",
+        "h0 acq/s", "h1 acq/s", "handoff50", "wait p99", "reacq",
+        "h1 max", "h0 p99", "h0 max", "rt p50",
+        "renew/s", "B/lock"
+    );
+    for b in &r.backends {
+        let h0 = b.contention.iter().find(|c| c.hold_ms == 0);
+        let h1 = b.contention.iter().find(|c| c.hold_ms == 1);
+        let large = b.held.last();
+        let _ = writeln!(
+            s,
+            "{:<9} {:>9} {:>9} {:>9.0} {:>6.2} {:>8.0} {:>6.2} | {:>8.0} {:>9.0} {:>9} {:>9} {:>5.0}% | {:>8} {:>9} {:>9} {:>6} | {:>10} {:>9}",
+            b.backend,
+            ms(b.cycle.polylock.p50_us),
+            ms(b.cycle.polylock.p99_us),
+            b.cycle.polylock_per_s,
+            b.cycle.ratio,
+            b.parallel.polylock_per_s,
+            b.parallel.ratio,
+            h0.map_or(0.0, |c| c.acquisitions_per_s),
+            h1.map_or(0.0, |c| c.acquisitions_per_s),
+            h1.map_or("-".into(), |c| ms(c.handoff.p50_us)),
+            h1.map_or("-".into(), |c| ms(c.wait.p99_us)),
+            h1.map_or(0.0, |c| c.releaser_reacquired * 100.0),
+            h1.map_or("-".into(), |c| ms(c.wait.max_us)),
+            h0.map_or("-".into(), |c| ms(c.wait.p99_us)),
+            h0.map_or("-".into(), |c| ms(c.wait.max_us)),
+            ms(b.cycle.round_trip.p50_us),
+            large
+                .and_then(|h| h.server_requests_per_s)
+                .map_or("n/a".into(), |x| format!("{x:.1}")),
+            large
+                .and_then(|h| h.client_bytes_per_lock)
+                .map_or("n/a".into(), |x| format!("{x:.0}")),
+        );
+    }
+    s
+}
+
+const COLORS: &[&str] = &[
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
+];
+
+/// A distribution chart: share of samples at or below a latency (log
+/// scale), one line per series; `dashed` series share their colour with the
+/// solid one of the same index.
+pub fn cdf_svg(title: &str, series: &[(String, &Summary, usize, bool)]) -> String {
+    let (w, h, l, rgt, top, bot) = (760.0, 420.0, 60.0, 180.0, 40.0, 50.0);
+    let pts: Vec<f64> = series
+        .iter()
+        .flat_map(|s| s.1.cdf.iter().map(|p| p.0))
+        .filter(|x| *x > 0.0)
+        .collect();
+    let lo = pts.iter().copied().fold(f64::INFINITY, f64::min).max(1.0);
+    let hi = pts.iter().copied().fold(0.0, f64::max).max(lo * 10.0);
+    let (lo, hi) = (lo.log10().floor(), hi.log10().ceil());
+    let x = |us: f64| l + (us.max(1.0).log10() - lo) / (hi - lo) * (w - l - rgt);
+    let y = |q: f64| top + (1.0 - q) * (h - top - bot);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="22" font-size="14" text-anchor="middle">{}</text>"#,
+        (w - rgt + l) / 2.0,
+        escape(title)
+    );
+    for e in lo as i32..=hi as i32 {
+        let us = 10f64.powi(e);
+        let px = x(us);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{px:.1}" y1="{top}" x2="{px:.1}" y2="{}" stroke="#ddd"/><text x="{px:.1}" y="{}" text-anchor="middle">{}</text>"##,
+            h - bot,
+            h - bot + 16.0,
+            ms(us)
+        );
+    }
+    for q in [0.0, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0] {
+        let py = y(q);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{l}" y1="{py:.1}" x2="{}" y2="{py:.1}" stroke="#eee"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
+            w - rgt,
+            l - 6.0,
+            py + 4.0,
+            if q == 0.99 {
+                "p99".to_string()
+            } else {
+                format!("{:.0}%", q * 100.0)
+            }
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{}" text-anchor="middle">latency (log scale)</text>"#,
+        (w - rgt + l) / 2.0,
+        h - 10.0
+    );
+    for (i, (label, sum, color, dashed)) in series.iter().enumerate() {
+        let c = COLORS[color % COLORS.len()];
+        let dash = if *dashed {
+            r#" stroke-dasharray="5,4""#
+        } else {
+            ""
+        };
+        let mut path = String::new();
+        let mut prev_q = 0.0;
+        for (us, q) in &sum.cdf {
+            // A step line: the share jumps at each sample.
+            let _ = write!(
+                path,
+                "{:.1},{:.1} {:.1},{:.1} ",
+                x(*us),
+                y(prev_q),
+                x(*us),
+                y(*q)
+            );
+            prev_q = *q;
+        }
+        let _ = writeln!(
+            s,
+            r#"<polyline fill="none" stroke="{c}" stroke-width="1.6"{dash} points="{path}"/>"#
+        );
+        let ly = top + 16.0 * i as f64;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{}" y1="{ly:.1}" x2="{}" y2="{ly:.1}" stroke="{c}" stroke-width="2"{dash}/><text x="{}" y="{:.1}">{}</text>"#,
+            w - rgt + 10.0,
+            w - rgt + 34.0,
+            w - rgt + 40.0,
+            ly + 4.0,
+            escape(label)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// The two charts: (file name, SVG).
+pub fn charts(r: &Report) -> Vec<(&'static str, String)> {
+    let mut lat = Vec::new();
+    let mut wait = Vec::new();
+    for (i, b) in r.backends.iter().enumerate() {
+        lat.push((b.backend.clone(), &b.cycle.polylock, i, false));
+        lat.push((format!("{} raw", b.backend), &b.cycle.raw, i, true));
+        for c in &b.contention {
+            wait.push((
+                format!("{} hold {} ms", b.backend, c.hold_ms),
+                &c.wait,
+                i,
+                c.hold_ms == 0,
+            ));
+        }
+    }
+    vec![
+        (
+            "latency.svg",
+            cdf_svg(
+                "Uncontended acquire + release: polylock (solid) vs raw driver (dashed)",
+                &lat,
+            ),
+        ),
+        (
+            "wait.svg",
+            cdf_svg(
+                "Acquire wait, 8 workers on one name: hold 1 ms (solid), hold 0 ms (dashed)",
+                &wait,
+            ),
+        ),
+    ]
+}
+
+/// docs/performance.md.
+pub fn markdown(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# Performance\n");
+    let _ = writeln!(
+        s,
+        "<!-- Generated by `polylock bench` from docs/performance.json; do not edit by hand. -->\n"
+    );
+    let _ = writeln!(
+        s,
+        "Every figure below comes from one run on one machine; the ratios compare polylock with \
+         the raw driver doing the same round trips in the same run, because absolute times on a \
+         shared machine mean little.\n"
+    );
+    let _ = writeln!(s, "- Date: {}", r.date);
+    let _ = writeln!(s, "- Machine: {}", r.machine);
+    let _ = writeln!(s, "- Command: `{}`", r.command);
+    let _ = writeln!(s, "- Each timed measurement: {:.1} s", r.duration_s);
+    let _ = writeln!(s, "- Servers (started by the test kit on loopback):");
+    for b in &r.backends {
+        let _ = writeln!(s, "  - {}: {}", b.backend, b.server);
+    }
+    let _ = writeln!(s, "\n## Uncontended cycle and many tasks\n");
+    let _ = writeln!(
+        s,
+        "| backend | p50 | p99 | cycles/s | raw cycles/s | ratio | round trip p50 | {} tasks/s | raw pipelined | ratio |",
+        r.backends.first().map_or(64, |b| b.parallel.tasks)
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    for b in &r.backends {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {} | {:.0} | {:.0} | {:.2} |",
+            b.backend,
+            ms(b.cycle.polylock.p50_us),
+            ms(b.cycle.polylock.p99_us),
+            b.cycle.polylock_per_s,
+            b.cycle.raw_per_s,
+            b.cycle.ratio,
+            ms(b.cycle.round_trip.p50_us),
+            b.parallel.polylock_per_s,
+            b.parallel.raw_per_s,
+            b.parallel.ratio
+        );
+    }
+    let _ = writeln!(s, "\n![cycle latency](perf/latency.svg)\n");
+    let _ = writeln!(s, "## Contention\n");
+    let _ = writeln!(
+        s,
+        "| backend | hold | actual hold | acq/s | hand-off p50 | hand-off p99 | wait p99 | wait max | releaser re-acquired | transient errors |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    for b in &r.backends {
+        for c in &b.contention {
+            let _ = writeln!(
+                s,
+                "| {} | {} ms | {} | {:.0} | {} | {} | {} | {} | {:.0}% | {} |",
+                b.backend,
+                c.hold_ms,
+                ms(c.hold_actual_us),
+                c.acquisitions_per_s,
+                ms(c.handoff.p50_us),
+                ms(c.handoff.p99_us),
+                ms(c.wait.p99_us),
+                ms(c.wait.max_us),
+                c.releaser_reacquired * 100.0,
+                c.transient_errors
+            );
+        }
+    }
+    let _ = writeln!(s, "\n![acquire wait under contention](perf/wait.svg)\n");
+    let _ = writeln!(s, "## Held locks\n");
+    let _ = writeln!(
+        s,
+        "| backend | locks | TTL | server requests/s | client bytes per lock | all still held |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    for b in &r.backends {
+        for h in &b.held {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.0} s | {} | {} | {} |",
+                b.backend,
+                h.locks,
+                h.ttl_s,
+                h.server_requests_per_s
+                    .map_or("n/a (no server)".into(), |x| format!("{x:.1}")),
+                h.client_bytes_per_lock
+                    .map_or("n/a".into(), |x| format!("{x:.0}")),
+                h.all_held
+            );
+        }
+    }
+    let _ = writeln!(s, "\n## Targets (issue #17)\n");
+    let _ = writeln!(s, "| target | measured | verdict | why not met |");
+    let _ = writeln!(s, "|---|---|---|---|");
+    for v in verdicts(r) {
+        let verdict = match v.met {
+            Some(true) => "met",
+            Some(false) => "**not met**",
+            None => "not measured",
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {verdict} | {} |",
+            v.target, v.measured, v.note
+        );
+    }
+    let _ = writeln!(s, "\n## How it measures\n");
+    let _ = writeln!(
+        s,
+        "- Raw baselines use the backend's own driver with the fewest round trips a lock cycle \
+         needs and no lock layer: Redis `SET NX PX` + `DEL` (on all three nodes at once for \
+         Redlock); etcd a put-if-absent transaction with a lease + a delete; SQL one upsert + one \
+         update on a table of the same shape, pool without a ping per statement; ZooKeeper an \
+         ephemeral sequential create + a delete. The round trip is one minimal request (`PING`, \
+         `SELECT 1`, a get, an exists).\n\
+         - Cycle: polylock's guard API (`try_acquire` + `release`) and the raw cycle alternate in \
+         ten short rounds so load changes hit both alike.\n\
+         - Many tasks: that many tasks, each on its own name, share one client (one `Locker`, one \
+         raw connection or pool).\n\
+         - Contention: each worker has its own client and loops acquire (wait) → hold → release. \
+         Hand-off: from the start of a release to another worker's acquire returning. Wait: from \
+         asking to holding. The hold is busy (yielding) rather than a timer sleep, \
+         which tokio rounds up to the next millisecond.\n\
+         - Held locks: one client holds them with automatic renewal; the server's own request \
+         counter (Redis script calls from `INFO commandstats` summed over nodes, etcd \
+         `grpc_server_msg_received_total`, PostgreSQL `pg_stat_database` transactions, MariaDB \
+         `Questions`, ZooKeeper `zk_packets_received`) is read over one TTL. Client bytes per lock \
+         come from the bench binary's counting global allocator. Sub-linear: the growth exponent \
+         log(rate ratio)/log(lock ratio) below 0.9."
+    );
+    s
+}
+
+/// Writes performance.json, performance.md and perf/*.svg under `dir`.
+pub fn write_all(r: &Report, dir: &Path) -> Result<(), String> {
+    fn io(what: &Path) -> impl Fn(std::io::Error) -> String + '_ {
+        move |e| format!("writing {}: {e}", what.display())
+    }
+    std::fs::create_dir_all(dir.join("perf")).map_err(io(dir))?;
+    let json = serde_json::json!({ "report": r, "targets": verdicts(r) });
+    let path = dir.join("performance.json");
+    let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
+    std::fs::write(&path, text + "\n").map_err(io(&path))?;
+    for (name, svg) in charts(r) {
+        let path = dir.join("perf").join(name);
+        std::fs::write(&path, svg).map_err(io(&path))?;
+    }
+    let path = dir.join("performance.md");
+    std::fs::write(&path, markdown(r)).map_err(io(&path))?;
+    Ok(())
+}
+
+/// Now, as `YYYY-MM-DD HH:MM UTC`.
+pub fn utc_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = civil(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian
+/// (Howard Hinnant's algorithm).
+fn civil(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// CPU model, cores, memory and kernel, from /proc.
+pub fn machine() -> String {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpu = read("/proc/cpuinfo");
+    let model = cpu
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .and_then(|r| r.split(':').nth(1))
+        })
+        .map_or("unknown CPU".to_string(), |m| m.trim().to_string());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_kb: u64 = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    let kernel = read("/proc/sys/kernel/osrelease");
+    format!(
+        "{model}, {cores} cores available to the bench (shared with other work), {:.1} GiB RAM, Linux {}",
+        mem_kb as f64 / 1_048_576.0,
+        kernel.trim()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil(0), (1970, 1, 1));
+        assert_eq!(civil(19_723), (2024, 1, 1));
+        assert_eq!(civil(20_788), (2026, 12, 1));
+    }
+}

@@ -1,0 +1,572 @@
+//! The backends under test: a server started by the test kit, the polylock
+//! URL that reaches it, and the raw driver doing the same round trips.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::sqlite::SqliteSynchronous;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use zookeeper_client::{Acls, CreateMode};
+
+/// Every backend the bench knows, in report order.
+pub const ALL: &[&str] = &[
+    "sqlite", "postgres", "mariadb", "redis", "redlock", "etcd", "zk",
+];
+
+/// The servers of one backend, kept alive while it is measured.
+#[allow(dead_code)] // held only to keep the child processes running
+enum Servers {
+    Dir(tempfile::TempDir),
+    Pg(testkit::PostgresServer),
+    Maria(testkit::MariaDbServer),
+    Redis(Vec<testkit::RedisServer>),
+    Etcd(testkit::EtcdServer),
+    Zk(testkit::ZooKeeperServer),
+}
+
+/// One backend ready to measure.
+pub(crate) struct Target {
+    pub(crate) url: String,
+    pub(crate) raw: Arc<Raw>,
+    _servers: Servers,
+}
+
+/// The raw driver: the fewest round trips a lock cycle needs through the
+/// same driver the backend uses, with no lock layer.
+pub(crate) enum Raw {
+    Redis(Vec<redis::aio::MultiplexedConnection>),
+    Etcd(Box<etcd_client::Client>, i64),
+    Pg(PgPool),
+    My(MySqlPool),
+    Lite(SqlitePool),
+    Zk(zookeeper_client::Client),
+}
+
+type Res<T> = Result<T, String>;
+
+fn err(what: &str) -> impl Fn(&dyn std::fmt::Display) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+impl Target {
+    /// Starts the servers of backend `name` and connects the raw driver.
+    pub(crate) async fn start(name: &str) -> Res<Target> {
+        let (url, servers): (String, Servers) = match name {
+            "sqlite" => {
+                let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+                let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+                (url, Servers::Dir(dir))
+            }
+            "postgres" => {
+                let s = spawn(testkit::PostgresServer::start).await?;
+                (s.url(), Servers::Pg(s))
+            }
+            "mariadb" => {
+                let s = spawn(testkit::MariaDbServer::start).await?;
+                let url = s.url().replacen("mysql://", "mariadb://", 1);
+                (url, Servers::Maria(s))
+            }
+            "redis" => {
+                let s = spawn(testkit::RedisServer::start).await?;
+                (format!("{}/0", s.url()), Servers::Redis(vec![s]))
+            }
+            "redlock" => {
+                let s = spawn(|| testkit::RedisServer::start_independent(3, &[])).await?;
+                let url = format!("redlock://{}", testkit::RedisServer::host_list(&s));
+                (url, Servers::Redis(s))
+            }
+            "etcd" => {
+                let s = spawn(testkit::EtcdServer::start).await?;
+                let url = format!("etcd://{}", s.endpoint().trim_start_matches("http://"));
+                (url, Servers::Etcd(s))
+            }
+            "zk" => {
+                let s = spawn(testkit::ZooKeeperServer::start).await?;
+                (format!("zk://{}", s.connect_string()), Servers::Zk(s))
+            }
+            other => {
+                return Err(format!(
+                    "unknown backend `{other}` (known: {})",
+                    ALL.join(", ")
+                ))
+            }
+        };
+        let raw = Raw::connect(&servers).await?;
+        Ok(Target {
+            url,
+            raw: Arc::new(raw),
+            _servers: servers,
+        })
+    }
+
+    /// The server's version, as the server reports it.
+    pub(crate) async fn server_version(&self) -> Res<String> {
+        self.raw.version(&self._servers).await
+    }
+
+    /// The server's own count of requests served so far (summed over
+    /// Redlock's nodes); `None` where there is no server (SQLite).
+    pub(crate) async fn server_requests(&self) -> Res<Option<u64>> {
+        self.raw.requests(&self._servers).await
+    }
+}
+
+/// Runs a blocking test-kit start off the runtime's threads.
+async fn spawn<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Res<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("starting the server: {e}"))
+}
+
+const TTL_MS: u64 = 30_000;
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Raw {
+    async fn connect(servers: &Servers) -> Res<Raw> {
+        Ok(match servers {
+            Servers::Redis(nodes) => {
+                let mut conns = Vec::new();
+                for n in nodes {
+                    let c = redis::Client::open(n.url()).map_err(|e| e.to_string())?;
+                    conns.push(
+                        c.get_multiplexed_async_connection()
+                            .await
+                            .map_err(|e| format!("raw redis: {e}"))?,
+                    );
+                }
+                Raw::Redis(conns)
+            }
+            Servers::Etcd(s) => {
+                let mut c = etcd_client::Client::connect([s.endpoint()], None)
+                    .await
+                    .map_err(|e| format!("raw etcd: {e}"))?;
+                let lease = c
+                    .lease_grant(300, None)
+                    .await
+                    .map_err(|e| format!("raw etcd lease: {e}"))?
+                    .id();
+                Raw::Etcd(Box::new(c), lease)
+            }
+            Servers::Pg(s) => {
+                let o = PgConnectOptions::from_str(&s.url()).map_err(|e| e.to_string())?;
+                let pool = PgPoolOptions::new()
+                    .max_connections(10)
+                    .test_before_acquire(false)
+                    .connect_with(o)
+                    .await
+                    .map_err(|e| format!("raw postgres: {e}"))?;
+                sqlx::query(
+                    "CREATE TABLE IF NOT EXISTS raw_locks (name TEXT PRIMARY KEY, \
+                     owner TEXT, version BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)",
+                )
+                .execute(&pool)
+                .await
+                .map_err(|e| e.to_string())?;
+                Raw::Pg(pool)
+            }
+            Servers::Maria(s) => {
+                let o = MySqlConnectOptions::from_str(&s.url()).map_err(|e| e.to_string())?;
+                let pool = MySqlPoolOptions::new()
+                    .max_connections(10)
+                    .test_before_acquire(false)
+                    .connect_with(o)
+                    .await
+                    .map_err(|e| format!("raw mariadb: {e}"))?;
+                sqlx::query(
+                    "CREATE TABLE IF NOT EXISTS raw_locks (name VARCHAR(255) PRIMARY KEY, \
+                     owner VARCHAR(64), version BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL)",
+                )
+                .execute(&pool)
+                .await
+                .map_err(|e| e.to_string())?;
+                Raw::My(pool)
+            }
+            Servers::Dir(d) => {
+                // The backend's own durability settings, so the raw figure
+                // pays the same fsyncs.
+                let o = SqliteConnectOptions::new()
+                    .filename(d.path().join("raw.db"))
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Full)
+                    .busy_timeout(Duration::from_secs(5));
+                let pool = SqlitePoolOptions::new()
+                    .max_connections(4)
+                    .test_before_acquire(false)
+                    .connect_with(o)
+                    .await
+                    .map_err(|e| format!("raw sqlite: {e}"))?;
+                sqlx::query(
+                    "CREATE TABLE IF NOT EXISTS raw_locks (name TEXT PRIMARY KEY, \
+                     owner TEXT, version INTEGER NOT NULL, expires_at INTEGER NOT NULL)",
+                )
+                .execute(&pool)
+                .await
+                .map_err(|e| e.to_string())?;
+                Raw::Lite(pool)
+            }
+            Servers::Zk(s) => {
+                let c = zookeeper_client::Client::connect(&s.connect_string())
+                    .await
+                    .map_err(|e| format!("raw zk: {e}"))?;
+                let dirs = CreateMode::Persistent.with_acls(Acls::anyone_all());
+                match c.create("/raw", b"", &dirs).await {
+                    Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+                    Err(e) => return Err(format!("raw zk: {e}")),
+                }
+                Raw::Zk(c)
+            }
+        })
+    }
+
+    /// One lock cycle on `name`: acquire with a TTL, then release, in the
+    /// fewest round trips the service allows.
+    pub(crate) async fn cycle(&self, name: &str) -> Res<()> {
+        let owner = "0123456789abcdef0123456789abcdef";
+        match self {
+            Raw::Redis(nodes) => {
+                // SET NX PX, then DEL, on every node at once (one node
+                // outside Redlock).
+                let key = format!("raw:{name}");
+                let set = nodes.iter().map(|c| {
+                    let mut c = c.clone();
+                    let key = key.clone();
+                    async move {
+                        redis::cmd("SET")
+                            .arg(&key)
+                            .arg(owner)
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(TTL_MS)
+                            .query_async::<Option<String>>(&mut c)
+                            .await
+                    }
+                });
+                for r in futures::future::join_all(set).await {
+                    r.map_err(|e| err("raw SET")(&e))?;
+                }
+                let del = nodes.iter().map(|c| {
+                    let mut c = c.clone();
+                    let key = key.clone();
+                    async move { redis::cmd("DEL").arg(&key).query_async::<i64>(&mut c).await }
+                });
+                for r in futures::future::join_all(del).await {
+                    r.map_err(|e| err("raw DEL")(&e))?;
+                }
+            }
+            Raw::Etcd(c, lease) => {
+                let key = format!("raw/{name}/{lease:x}");
+                let mut kv = c.kv_client();
+                let txn = Txn::new()
+                    .when(vec![Compare::create_revision(
+                        key.as_str(),
+                        CompareOp::Equal,
+                        0,
+                    )])
+                    .and_then(vec![TxnOp::put(
+                        key.as_str(),
+                        owner,
+                        Some(PutOptions::new().with_lease(*lease)),
+                    )]);
+                kv.txn(txn).await.map_err(|e| err("raw txn")(&e))?;
+                kv.delete(key.as_str(), None)
+                    .await
+                    .map_err(|e| err("raw delete")(&e))?;
+            }
+            Raw::Pg(pool) => {
+                sqlx::query(
+                    "INSERT INTO raw_locks AS l (name, owner, version, expires_at) \
+                     VALUES ($1, $2, 1, now() + interval '30 seconds') \
+                     ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, \
+                     version = l.version + 1, expires_at = EXCLUDED.expires_at \
+                     WHERE l.owner IS NULL OR l.expires_at < now() RETURNING version",
+                )
+                .bind(name)
+                .bind(owner)
+                .fetch_optional(pool)
+                .await
+                .map_err(|e| err("raw acquire")(&e))?;
+                sqlx::query("UPDATE raw_locks SET owner = NULL WHERE name = $1 AND owner = $2")
+                    .bind(name)
+                    .bind(owner)
+                    .execute(pool)
+                    .await
+                    .map_err(|e| err("raw release")(&e))?;
+            }
+            Raw::My(pool) => {
+                sqlx::query(
+                    "INSERT INTO raw_locks (name, owner, version, expires_at) \
+                     VALUES (?, ?, 1, NOW(6) + INTERVAL 30 SECOND) ON DUPLICATE KEY UPDATE \
+                     owner = IF(owner IS NULL OR expires_at < NOW(6), VALUES(owner), owner), \
+                     version = IF(owner = VALUES(owner), version + 1, version), \
+                     expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at)",
+                )
+                .bind(name)
+                .bind(owner)
+                .execute(pool)
+                .await
+                .map_err(|e| err("raw acquire")(&e))?;
+                sqlx::query("UPDATE raw_locks SET owner = NULL WHERE name = ? AND owner = ?")
+                    .bind(name)
+                    .bind(owner)
+                    .execute(pool)
+                    .await
+                    .map_err(|e| err("raw release")(&e))?;
+            }
+            Raw::Lite(pool) => {
+                let now = now_ms();
+                sqlx::query(
+                    "INSERT INTO raw_locks (name, owner, version, expires_at) VALUES (?1, ?2, 1, ?3) \
+                     ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, \
+                     version = version + 1, expires_at = excluded.expires_at \
+                     WHERE owner IS NULL OR expires_at < ?4 RETURNING version",
+                )
+                .bind(name)
+                .bind(owner)
+                .bind(now + TTL_MS as i64)
+                .bind(now)
+                .fetch_optional(pool)
+                .await
+                .map_err(|e| err("raw acquire")(&e))?;
+                sqlx::query("UPDATE raw_locks SET owner = NULL WHERE name = ?1 AND owner = ?2")
+                    .bind(name)
+                    .bind(owner)
+                    .execute(pool)
+                    .await
+                    .map_err(|e| err("raw release")(&e))?;
+            }
+            Raw::Zk(c) => {
+                let dir = format!("/raw/{}", name.replace('/', "_"));
+                let node = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+                let prefix = format!("{dir}/lock-");
+                let (_, seq) = match c.create(&prefix, owner.as_bytes(), &node).await {
+                    Err(zookeeper_client::Error::NoNode) => {
+                        let dirs = CreateMode::Persistent.with_acls(Acls::anyone_all());
+                        match c.create(&dir, b"", &dirs).await {
+                            Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+                            Err(e) => return Err(format!("raw zk mkdir: {e}")),
+                        }
+                        c.create(&prefix, owner.as_bytes(), &node).await
+                    }
+                    r => r,
+                }
+                .map_err(|e| err("raw create")(&e))?;
+                c.delete(&format!("{prefix}{seq}"), None)
+                    .await
+                    .map_err(|e| err("raw delete")(&e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One minimal request: the round trip of this driver and server.
+    pub(crate) async fn ping(&self) -> Res<()> {
+        match self {
+            Raw::Redis(nodes) => {
+                let mut c = nodes[0].clone();
+                redis::cmd("PING")
+                    .query_async::<String>(&mut c)
+                    .await
+                    .map_err(|e| err("PING")(&e))?;
+            }
+            Raw::Etcd(c, _) => {
+                c.kv_client()
+                    .get("raw/ping", None)
+                    .await
+                    .map_err(|e| err("get")(&e))?;
+            }
+            Raw::Pg(p) => {
+                sqlx::query("SELECT 1")
+                    .execute(p)
+                    .await
+                    .map_err(|e| err("SELECT 1")(&e))?;
+            }
+            Raw::My(p) => {
+                sqlx::query("SELECT 1")
+                    .execute(p)
+                    .await
+                    .map_err(|e| err("SELECT 1")(&e))?;
+            }
+            Raw::Lite(p) => {
+                sqlx::query("SELECT 1")
+                    .execute(p)
+                    .await
+                    .map_err(|e| err("SELECT 1")(&e))?;
+            }
+            Raw::Zk(c) => {
+                c.check_stat("/raw").await.map_err(|e| err("exists")(&e))?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn version(&self, servers: &Servers) -> Res<String> {
+        Ok(match self {
+            Raw::Redis(nodes) => {
+                let info = redis_info(&nodes[0], "server").await?;
+                let v = info_field(&info, "redis_version").unwrap_or_default();
+                format!("Redis {v}")
+            }
+            Raw::Etcd(c, _) => {
+                let s = c
+                    .maintenance_client()
+                    .status()
+                    .await
+                    .map_err(|e| err("etcd status")(&e))?;
+                format!("etcd {}", s.version())
+            }
+            Raw::Pg(p) => {
+                let (v,): (String,) = sqlx::query_as("SHOW server_version")
+                    .fetch_one(p)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                format!("PostgreSQL {v}")
+            }
+            Raw::My(p) => {
+                let (v,): (String,) = sqlx::query_as("SELECT VERSION()")
+                    .fetch_one(p)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                format!("MariaDB {v}")
+            }
+            Raw::Lite(p) => {
+                let (v,): (String,) = sqlx::query_as("SELECT sqlite_version()")
+                    .fetch_one(p)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                format!("SQLite {v} (embedded)")
+            }
+            Raw::Zk(_) => {
+                let Servers::Zk(s) = servers else {
+                    return Err("no ZooKeeper server".into());
+                };
+                let srvr = four_letter(s.addr(), "srvr").await?;
+                let v = srvr
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Zookeeper version: "))
+                    .unwrap_or("?");
+                format!("ZooKeeper {}", v.split(',').next().unwrap_or(v))
+            }
+        })
+    }
+
+    async fn requests(&self, servers: &Servers) -> Res<Option<u64>> {
+        Ok(Some(match self {
+            Raw::Redis(nodes) => {
+                // Script calls only: every lock request is one, and
+                // total_commands_processed also counts the commands a
+                // script runs inside.
+                let mut sum = 0;
+                for n in nodes {
+                    let info = redis_info(n, "commandstats").await?;
+                    sum += info
+                        .lines()
+                        .filter(|l| l.starts_with("cmdstat_eval") || l.starts_with("cmdstat_fcall"))
+                        .filter_map(|l| l.split([':', ',']).find_map(|f| f.strip_prefix("calls=")))
+                        .filter_map(|v| v.parse::<u64>().ok())
+                        .sum::<u64>();
+                }
+                sum
+            }
+            Raw::Etcd(..) => {
+                let Servers::Etcd(s) = servers else {
+                    return Err("no etcd server".into());
+                };
+                let metrics = http_get(s.addr(), "/metrics").await?;
+                // Every gRPC message received, keepalives included (a
+                // keepalive stream counts once per message, not per stream).
+                metrics
+                    .lines()
+                    .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum::<f64>() as u64
+            }
+            Raw::Pg(p) => {
+                let (n,): (i64,) = sqlx::query_as(
+                    "SELECT (xact_commit + xact_rollback)::BIGINT FROM pg_stat_database \
+                     WHERE datname = current_database()",
+                )
+                .fetch_one(p)
+                .await
+                .map_err(|e| e.to_string())?;
+                n as u64
+            }
+            Raw::My(p) => {
+                let (_, n): (String, String) =
+                    sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Questions'")
+                        .fetch_one(p)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                n.parse().map_err(|_| format!("Questions = {n}"))?
+            }
+            Raw::Lite(_) => return Ok(None),
+            Raw::Zk(_) => {
+                let Servers::Zk(s) = servers else {
+                    return Err("no ZooKeeper server".into());
+                };
+                let mntr = four_letter(s.addr(), "mntr").await?;
+                mntr.lines()
+                    .find_map(|l| l.strip_prefix("zk_packets_received"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .ok_or("mntr without zk_packets_received")?
+            }
+        }))
+    }
+}
+
+async fn redis_info(c: &redis::aio::MultiplexedConnection, section: &str) -> Res<String> {
+    let mut c = c.clone();
+    redis::cmd("INFO")
+        .arg(section)
+        .query_async::<String>(&mut c)
+        .await
+        .map_err(|e| err("INFO")(&e))
+}
+
+fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+    info.lines().find_map(|l| {
+        l.strip_prefix(field)
+            .and_then(|r| r.strip_prefix(':'))
+            .map(str::trim)
+    })
+}
+
+async fn read_all(addr: std::net::SocketAddr, request: &[u8]) -> Res<String> {
+    let io = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(request).await?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await?;
+        Ok::<_, std::io::Error>(out)
+    };
+    let out = tokio::time::timeout(Duration::from_secs(10), io)
+        .await
+        .map_err(|_| format!("{addr}: no answer in 10 s"))?
+        .map_err(|e| format!("{addr}: {e}"))?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+async fn four_letter(addr: std::net::SocketAddr, word: &str) -> Res<String> {
+    read_all(addr, word.as_bytes()).await
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> Res<String> {
+    read_all(
+        addr,
+        format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes(),
+    )
+    .await
+}

@@ -1,0 +1,124 @@
+//! `polylock-bench --quick` on three backends into a temp dir: the files
+//! appear and the numbers are sane.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn num(v: &Value, path: &[&str]) -> f64 {
+    let mut cur = v;
+    for p in path {
+        cur = &cur[*p];
+    }
+    cur.as_f64()
+        .unwrap_or_else(|| panic!("{path:?} is not a number: {cur}"))
+}
+
+#[test]
+fn quick_run_writes_the_report_with_sane_numbers() {
+    let out = tempfile::tempdir().unwrap();
+    let backends = ["sqlite", "redis", "etcd"];
+    let run = Command::new(env!("CARGO_BIN_EXE_polylock-bench"))
+        .args(["--quick", "--backends", &backends.join(","), "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "bench failed: {}\n{stdout}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    for b in backends {
+        assert!(stdout.contains(b), "the table lists {b}:\n{stdout}");
+    }
+
+    let json: Value = serde_json::from_str(
+        &std::fs::read_to_string(out.path().join("performance.json")).unwrap(),
+    )
+    .unwrap();
+    let report = &json["report"];
+    let measured = report["backends"].as_array().unwrap();
+    assert_eq!(measured.len(), backends.len());
+    for (b, want) in measured.iter().zip(backends) {
+        assert_eq!(b["backend"], want);
+        assert!(!b["server"].as_str().unwrap().is_empty());
+        for side in ["polylock", "raw"] {
+            assert!(
+                num(b, &["cycle", side, "count"]) > 0.0,
+                "{want} {side} cycles"
+            );
+            assert!(num(b, &["cycle", side, "p50_us"]) > 0.0);
+            assert!(num(b, &["cycle", side, "p99_us"]) >= num(b, &["cycle", side, "p50_us"]));
+        }
+        assert!(num(b, &["cycle", "ratio"]) > 0.0, "{want} cycle ratio");
+        assert!(num(b, &["parallel", "ratio"]) > 0.0, "{want} 64-task ratio");
+        let contention = b["contention"].as_array().unwrap();
+        assert_eq!(contention.len(), 2, "hold 0 and 1 ms");
+        for c in contention {
+            assert!(num(c, &["acquisitions_per_s"]) > 0.0, "{want}: {c}");
+            assert!(num(c, &["wait", "count"]) > 0.0);
+            if want == "etcd" {
+                // A FIFO queue: every release hands the lock to a waiter.
+                assert!(
+                    num(c, &["handoff", "count"]) > 0.0,
+                    "{want}: hand-offs seen"
+                );
+            }
+            let hold_us = num(c, &["hold_ms"]) * 1000.0;
+            assert!(
+                num(c, &["hold_actual_us"]) >= hold_us,
+                "{want}: held at least the hold"
+            );
+            let share = num(c, &["releaser_reacquired"]);
+            assert!((0.0..=1.0).contains(&share));
+        }
+        let held = b["held"].as_array().unwrap();
+        assert_eq!(held.len(), 2);
+        for h in held {
+            assert_eq!(h["all_held"], true, "{want}: {h}");
+            assert!(num(h, &["client_bytes_per_lock"]) > 0.0, "{want}: {h}");
+            if want == "sqlite" {
+                assert!(h["server_requests_per_s"].is_null(), "no server to count");
+            } else {
+                assert!(num(h, &["server_requests_per_s"]) > 0.0, "{want}: {h}");
+            }
+        }
+    }
+    // The many-lock run renews more than the few-lock one: the counters
+    // really see the renewals.
+    let redis = &measured[1]["held"];
+    assert!(
+        num(&redis[1], &["server_requests_per_s"]) > num(&redis[0], &["server_requests_per_s"])
+    );
+
+    let targets = json["targets"].as_array().unwrap();
+    assert!(targets.iter().any(|t| t["target"]
+        .as_str()
+        .unwrap()
+        .contains("etcd, 8 workers: hold 0 ms")));
+
+    for chart in ["latency.svg", "wait.svg"] {
+        let svg = std::fs::read_to_string(out.path().join("perf").join(chart)).unwrap();
+        assert!(svg.starts_with("<svg"), "{chart}");
+        assert!(
+            svg.matches("<polyline").count() >= backends.len() * 2,
+            "{chart}"
+        );
+        assert!(svg.trim_end().ends_with("</svg>"));
+    }
+    let md = std::fs::read_to_string(out.path().join("performance.md")).unwrap();
+    for needle in [
+        "Machine:",
+        "Date:",
+        "Command: `polylock bench --quick --backends sqlite,redis,etcd`",
+        "Redis ",
+        "etcd 3.",
+        "SQLite ",
+        "## Targets",
+        "perf/latency.svg",
+        "perf/wait.svg",
+    ] {
+        assert!(md.contains(needle), "performance.md lacks {needle:?}");
+    }
+}
