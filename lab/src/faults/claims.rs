@@ -1,0 +1,192 @@
+//! The claims check: each backend's declared guarantees against what the
+//! runs observed. A contradicted claim is an error in the output and makes
+//! `polylock-compare` exit non-zero.
+
+use std::time::Duration;
+
+use lock_core::{FencingGuarantee, Guarantees};
+
+use super::scenario::{Kind, Observation, Scenario};
+
+/// One claim compared with one observation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Check {
+    /// The backend.
+    pub backend: &'static str,
+    /// The scenario id.
+    pub scenario: &'static str,
+    /// The claim, in words.
+    pub claim: String,
+    /// Whether the observation confirms it.
+    pub ok: bool,
+    /// What was observed.
+    pub detail: String,
+}
+
+/// How late a crashed holder's lock may come free past its TTL and still
+/// count as "at the TTL" on a loaded two-core machine.
+fn expiry_slack(ttl: Duration) -> Duration {
+    ttl.max(Duration::from_secs(5))
+}
+
+/// The checks of one observation. `ttl` is the TTL the clients asked for.
+pub fn check(
+    backend: &'static str,
+    g: &Guarantees,
+    scenario: &Scenario,
+    obs: &Observation,
+    ttl: Duration,
+) -> Vec<Check> {
+    let mut out = Vec::new();
+    let mut push = |claim: String, ok: bool, detail: String| {
+        out.push(Check {
+            backend,
+            scenario: scenario.id,
+            claim,
+            ok,
+            detail,
+        })
+    };
+    let fencing_holds = match g.fencing {
+        FencingGuarantee::Strict => true,
+        _ => !scenario.may_lose_data(g),
+    };
+    if fencing_holds {
+        push(
+            "fencing: no stale write accepted, tokens strictly increasing".into(),
+            obs.stale_accepted == 0 && obs.token_order_violations == 0,
+            format!(
+                "{} stale accepted, {} token-order violations",
+                obs.stale_accepted, obs.token_order_violations
+            ),
+        );
+    }
+    match scenario.kind {
+        Kind::ClientPause => {
+            push(
+                "fencing stops the paused holder's late write".into(),
+                obs.stale_rejected >= 1,
+                format!("{} stale writes rejected", obs.stale_rejected),
+            );
+            push(
+                "release reports a lease lost during the pause".into(),
+                obs.release.as_deref() == Some("lost"),
+                format!("release reported {:?}", obs.release),
+            );
+        }
+        Kind::ClientKill => {
+            push(
+                "a killed holder never overlaps the next one".into(),
+                obs.overlaps == 0,
+                format!("{} overlaps", obs.overlaps),
+            );
+            let limit = ttl + expiry_slack(ttl);
+            push(
+                format!(
+                    "a killed holder's lock comes free by its TTL ({} ms, + {} ms slack)",
+                    ttl.as_millis(),
+                    expiry_slack(ttl).as_millis()
+                ),
+                obs.fault_to_grant_ms
+                    .is_some_and(|t| u128::from(t) <= limit.as_millis()),
+                format!("next grant {:?} ms after the kill", obs.fault_to_grant_ms),
+            );
+        }
+        Kind::ServerRestart if g.survives_restart => {
+            push(
+                "survives server restart: no overlapping holders".into(),
+                obs.overlaps == 0,
+                format!("{} overlaps", obs.overlaps),
+            );
+            push(
+                "survives server restart: the lock is granted again".into(),
+                obs.fault_to_grant_ms.is_some(),
+                format!("next grant {:?} ms after the kill", obs.fault_to_grant_ms),
+            );
+        }
+        Kind::ServerRestart => {}
+        Kind::ServerPause => {
+            push(
+                "a paused server lets no second holder in while the first believes it holds"
+                    .into(),
+                obs.overlaps == 0,
+                format!("{} overlaps", obs.overlaps),
+            );
+        }
+        Kind::ForcedRelease => {
+            push(
+                "after a forced release the old holder's writes are fenced off".into(),
+                obs.stale_accepted == 0,
+                format!(
+                    "{} stale accepted, {} rejected",
+                    obs.stale_accepted, obs.stale_rejected
+                ),
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::faults::scenario::SCENARIOS;
+
+    fn strict() -> Guarantees {
+        let mut g = Guarantees::new("x");
+        g.fencing = FencingGuarantee::Strict;
+        g.survives_restart = true;
+        g
+    }
+
+    #[test]
+    fn a_stale_write_accepted_contradicts_strict_fencing_in_every_scenario() {
+        let obs = Observation {
+            stale_accepted: 1,
+            ..Observation::default()
+        };
+        for s in &SCENARIOS {
+            let checks = check("x", &strict(), s, &obs, Duration::from_secs(2));
+            assert!(
+                checks.iter().any(|c| !c.ok && c.claim.starts_with("fencing")),
+                "{}: {checks:?}",
+                s.id
+            );
+        }
+    }
+
+    #[test]
+    fn fencing_unless_data_loss_is_not_checked_across_a_restart_that_loses_data() {
+        let mut g = Guarantees::new("x");
+        g.fencing = FencingGuarantee::UnlessDataLoss("restart");
+        let obs = Observation {
+            stale_accepted: 1,
+            token_order_violations: 1,
+            ..Observation::default()
+        };
+        let restart = SCENARIOS.iter().find(|s| s.kind == Kind::ServerRestart).unwrap();
+        assert!(check("x", &g, restart, &obs, Duration::from_secs(2))
+            .iter()
+            .all(|c| c.ok));
+        let pause = SCENARIOS.iter().find(|s| s.kind == Kind::ClientPause).unwrap();
+        assert!(check("x", &g, pause, &obs, Duration::from_secs(2))
+            .iter()
+            .any(|c| !c.ok));
+    }
+
+    #[test]
+    fn a_lock_freed_long_after_the_ttl_contradicts_expiry() {
+        let kill = SCENARIOS.iter().find(|s| s.kind == Kind::ClientKill).unwrap();
+        let late = Observation {
+            fault_to_grant_ms: Some(60_000),
+            ..Observation::default()
+        };
+        let on_time = Observation {
+            fault_to_grant_ms: Some(2_100),
+            ..Observation::default()
+        };
+        let ttl = Duration::from_secs(2);
+        assert!(check("x", &strict(), kill, &late, ttl).iter().any(|c| !c.ok));
+        assert!(check("x", &strict(), kill, &on_time, ttl).iter().all(|c| c.ok));
+    }
+}

@@ -1,0 +1,535 @@
+//! The scenarios: plain async functions over a [`Ctx`], each selected by
+//! what the backend declares and what its fixture can do — never by its
+//! name.
+//!
+//! Every scenario has the same cast: client `a` holds the lock when the
+//! fault starts, client `b` is already waiting for it. The harness marks
+//! the fault's start and end on the register's clock; [`analyse`] turns
+//! the register's events into an [`Observation`].
+
+use std::fs::File;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use lock_core::Guarantees;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use testkit::register::{report, Event, EventKind, Register};
+
+use super::target::Target;
+
+/// What kind of fault a scenario injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// SIGSTOP the holder past its TTL, then SIGCONT (a long GC pause).
+    ClientPause,
+    /// SIGKILL the holder (a crash).
+    ClientKill,
+    /// SIGKILL every server process and start it again on its data.
+    ServerRestart,
+    /// SIGSTOP every server process past the TTL, then SIGCONT.
+    ServerPause,
+    /// An operator removes the lock behind its holder's back.
+    ForcedRelease,
+}
+
+/// One scenario of the suite.
+#[derive(Clone, Copy, Debug)]
+pub struct Scenario {
+    /// Stable id (JSON key, file names).
+    pub id: &'static str,
+    /// Row title in the observed table.
+    pub title: &'static str,
+    /// Part of the quick subset (CI).
+    pub quick: bool,
+    /// The fault.
+    pub kind: Kind,
+}
+
+/// Every scenario, in table order.
+pub const SCENARIOS: [Scenario; 5] = [
+    Scenario {
+        id: "client-pause",
+        title: "client paused past the TTL (SIGSTOP, GC pause)",
+        quick: true,
+        kind: Kind::ClientPause,
+    },
+    Scenario {
+        id: "client-kill",
+        title: "client killed (SIGKILL)",
+        quick: true,
+        kind: Kind::ClientKill,
+    },
+    Scenario {
+        id: "server-restart",
+        title: "server killed and restarted on its data",
+        quick: true,
+        kind: Kind::ServerRestart,
+    },
+    Scenario {
+        id: "server-pause",
+        title: "server paused past the TTL (SIGSTOP)",
+        quick: false,
+        kind: Kind::ServerPause,
+    },
+    Scenario {
+        id: "forced-release",
+        title: "operator forced release",
+        quick: false,
+        kind: Kind::ForcedRelease,
+    },
+];
+
+impl Scenario {
+    /// `Err(why)` when the scenario cannot apply to `target`.
+    pub fn applies(&self, target: &Target) -> Result<(), String> {
+        match self.kind {
+            Kind::ClientPause | Kind::ClientKill => Ok(()),
+            Kind::ServerRestart | Kind::ServerPause if target.processes().is_empty() => {
+                Err("no server: the database runs inside each client".into())
+            }
+            Kind::ServerRestart | Kind::ServerPause => Ok(()),
+            Kind::ForcedRelease if !target.guarantees().force_release => {
+                Err("the backend declares no force release".into())
+            }
+            Kind::ForcedRelease => Ok(()),
+        }
+    }
+
+    /// Whether the fault may lose the lock service's data as the backend
+    /// declares it (a restart of a backend that does not survive one), so
+    /// that fencing is only claimed "unless data is lost".
+    pub fn may_lose_data(&self, g: &Guarantees) -> bool {
+        self.kind == Kind::ServerRestart && !g.survives_restart
+    }
+}
+
+/// A client process and its id at the register.
+#[derive(Debug)]
+pub struct ClientProc {
+    id: String,
+    child: Child,
+}
+
+impl ClientProc {
+    fn pid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.child.id()).unwrap_or(i32::MAX))
+    }
+
+    fn signal(&self, sig: Signal) -> Result<(), String> {
+        kill(self.pid(), sig).map_err(|e| format!("{sig} to client {}: {e}", self.id))
+    }
+}
+
+impl Drop for ClientProc {
+    fn drop(&mut self) {
+        // SIGKILL also ends a stopped process.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// How one scenario window went, on the register's clock.
+#[derive(Clone, Copy, Debug)]
+pub struct Window {
+    /// When the fault started.
+    pub fault_start: Duration,
+    /// When it ended (the same as the start for an instant fault).
+    pub fault_end: Duration,
+}
+
+/// What a scenario sees: the backend, the register, and client processes.
+pub struct Ctx<'a> {
+    target: &'a Target,
+    register: Register,
+    exe: &'a Path,
+    log_dir: &'a Path,
+    scenario: &'static str,
+    name: String,
+    clients: Vec<ClientProc>,
+}
+
+/// Time allowed for a client process to start, connect and be granted a
+/// free lock: generous for a loaded two-core machine.
+const START_LIMIT: Duration = Duration::from_secs(60);
+
+impl<'a> Ctx<'a> {
+    /// A context with a fresh register and a lock name unique to this run.
+    pub fn new(
+        target: &'a Target,
+        scenario: &'static str,
+        exe: &'a Path,
+        log_dir: &'a Path,
+    ) -> Result<Self, String> {
+        let register = Register::start().map_err(|e| e.to_string())?;
+        let run: u32 = std::process::id() ^ register.addr().port() as u32;
+        Ok(Ctx {
+            target,
+            register,
+            exe,
+            log_dir,
+            scenario,
+            name: format!("polylock-compare-{run:08x}/{scenario}"),
+            clients: Vec::new(),
+        })
+    }
+
+    /// The register.
+    pub fn register(&self) -> &Register {
+        &self.register
+    }
+
+    /// The TTL the clients ask for.
+    pub fn ttl(&self) -> Duration {
+        self.target.ttl()
+    }
+
+    /// Starts client `id`, which takes the lock `rounds` times and holds it
+    /// for `hold` each time. Its stderr goes to a log in the run directory.
+    pub fn spawn(&mut self, id: &str, hold: Duration, rounds: u32) -> Result<(), String> {
+        let log_path = self.log_dir.join(format!(
+            "{}-{}-{id}.log",
+            self.target.label(),
+            self.scenario
+        ));
+        let log = File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
+        let child = Command::new(self.exe)
+            .arg("client")
+            .args(["--name", &self.name])
+            .args(["--ttl", &format!("{}ms", self.ttl().as_millis())])
+            .args(["--register", &self.register.addr().to_string()])
+            .args(["--id", id])
+            .args(["--hold", &format!("{}ms", hold.as_millis())])
+            .args(["--rounds", &rounds.to_string()])
+            // Not on the command line: the URL holds credentials, and
+            // argv is public to every user of the machine.
+            .env(URL_ENV, self.target.url())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("spawning client {id}: {e}"))?;
+        self.clients.push(ClientProc {
+            id: id.to_owned(),
+            child,
+        });
+        Ok(())
+    }
+
+    fn client(&self, id: &str) -> Result<&ClientProc, String> {
+        self.clients
+            .iter()
+            .find(|c| c.id == id)
+            .ok_or_else(|| format!("no client {id}"))
+    }
+
+    /// SIGSTOP to client `id`.
+    pub fn pause_client(&self, id: &str) -> Result<(), String> {
+        self.client(id)?.signal(Signal::SIGSTOP)
+    }
+
+    /// SIGCONT to client `id`.
+    pub fn resume_client(&self, id: &str) -> Result<(), String> {
+        self.client(id)?.signal(Signal::SIGCONT)
+    }
+
+    /// SIGKILL to client `id`; the register learns its section ended.
+    pub fn kill_client(&mut self, id: &str) -> Result<(), String> {
+        let pos = self
+            .clients
+            .iter()
+            .position(|c| c.id == id)
+            .ok_or_else(|| format!("no client {id}"))?;
+        let proc = self.clients.remove(pos);
+        proc.signal(Signal::SIGKILL)?;
+        // Dropping reaps it, so it is gone before the register hears.
+        drop(proc);
+        self.register.client_died(id);
+        Ok(())
+    }
+
+    /// Waits until the register holds an event of `id` matching `pred`
+    /// that arrived at or after `since`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads the register.
+    pub async fn wait_for(
+        &self,
+        id: &str,
+        since: Duration,
+        limit: Duration,
+        what: &str,
+        pred: impl Fn(&EventKind) -> bool,
+    ) -> Result<Duration, String> {
+        let give_up = tokio::time::Instant::now() + limit;
+        loop {
+            if let Some(e) = self
+                .register
+                .events()
+                .into_iter()
+                .find(|e| e.client == id && e.at >= since && pred(&e.kind))
+            {
+                return Ok(e.at);
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return Err(format!(
+                    "{} {}: no {what} from {id} within {limit:?}",
+                    self.target.label(),
+                    self.scenario
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits until client `id` reported its release (the end of a round).
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`wait_for`](Ctx::wait_for).
+    pub async fn wait_release(&self, id: &str, limit: Duration) -> Result<Duration, String> {
+        self.wait_for(id, Duration::ZERO, limit, "RELEASE", |k| {
+            matches!(k, EventKind::Release(_))
+        })
+        .await
+    }
+
+    /// Starts `a` holding for `hold`, waits until it is inside its critical
+    /// section and has written once, then starts `b` waiting.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a dropped call may leave clients running until the
+    /// context is dropped.
+    pub async fn holder_and_waiter(&mut self, hold: Duration) -> Result<(), String> {
+        self.spawn("a", hold, 1)?;
+        self.wait_for("a", Duration::ZERO, START_LIMIT, "first WRITE", |k| {
+            matches!(k, EventKind::Write { .. })
+        })
+        .await?;
+        self.spawn("b", Duration::from_millis(200), 1)?;
+        // b connects and starts waiting; the fault is meant for a held lock
+        // with a queue behind it, not for a client still starting up.
+        self.wait_for("b", Duration::ZERO, START_LIMIT, "waiting note", |k| {
+            matches!(k, EventKind::Note(t) if t.starts_with("waiting"))
+        })
+        .await?;
+        Ok(())
+    }
+
+    fn servers(&self) -> Vec<&testkit::ServerProcess> {
+        self.target.processes()
+    }
+}
+
+/// The environment variable that hands the URL to a client process.
+pub const URL_ENV: &str = "POLYLOCK_COMPARE_URL";
+
+/// Runs `scenario` in `ctx` and returns its fault window.
+///
+/// # Cancel safety
+/// Not cancel safe: a dropped run may leave a server paused or stopped;
+/// drop the target afterwards.
+pub async fn run(scenario: &Scenario, ctx: &mut Ctx<'_>) -> Result<Window, String> {
+    let ttl = ctx.ttl();
+    let recovery = ttl * 4 + Duration::from_secs(60);
+    match scenario.kind {
+        Kind::ClientPause => {
+            ctx.holder_and_waiter(Duration::from_secs(1)).await?;
+            let fault_start = ctx.register.mark("pause a (SIGSTOP)");
+            ctx.pause_client("a")?;
+            // Keep a stopped until b has had its turn, and at least twice
+            // the TTL, so the late write comes after the new holder's.
+            let b_done = ctx.wait_release("b", recovery).await;
+            let least = fault_start + ttl * 2;
+            let now = ctx.register.now();
+            if now < least {
+                tokio::time::sleep(least - now).await;
+            }
+            let fault_end = ctx.register.mark("resume a (SIGCONT)");
+            ctx.resume_client("a")?;
+            b_done?;
+            ctx.wait_release("a", recovery).await?;
+            Ok(Window {
+                fault_start,
+                fault_end,
+            })
+        }
+        Kind::ClientKill => {
+            ctx.holder_and_waiter(ttl * 30).await?;
+            let fault_start = ctx.register.mark("kill a (SIGKILL)");
+            ctx.kill_client("a")?;
+            ctx.wait_release("b", recovery).await?;
+            Ok(Window {
+                fault_start,
+                fault_end: fault_start,
+            })
+        }
+        Kind::ServerRestart => {
+            ctx.holder_and_waiter(ttl * 3).await?;
+            let fault_start = ctx.register.mark("kill the server (SIGKILL)");
+            let restarted = tokio::task::block_in_place(|| {
+                ctx.servers()
+                    .iter()
+                    .try_for_each(|s| s.restart().map_err(|e| e.to_string()))
+            });
+            let fault_end = ctx.register.mark("server restarted and ready");
+            restarted?;
+            ctx.wait_release("a", recovery).await?;
+            ctx.wait_release("b", recovery).await?;
+            Ok(Window {
+                fault_start,
+                fault_end,
+            })
+        }
+        Kind::ServerPause => {
+            ctx.holder_and_waiter(ttl * 4).await?;
+            let fault_start = ctx.register.mark("pause the server (SIGSTOP)");
+            let paused = ctx
+                .servers()
+                .iter()
+                .try_for_each(|s| s.pause().map_err(|e| e.to_string()));
+            if paused.is_ok() {
+                tokio::time::sleep(ttl * 2).await;
+            }
+            let fault_end = ctx.register.mark("resume the server (SIGCONT)");
+            let resumed = ctx
+                .servers()
+                .iter()
+                .try_for_each(|s| s.resume().map_err(|e| e.to_string()));
+            paused?;
+            resumed?;
+            ctx.wait_release("a", recovery).await?;
+            ctx.wait_release("b", recovery).await?;
+            Ok(Window {
+                fault_start,
+                fault_end,
+            })
+        }
+        Kind::ForcedRelease => {
+            ctx.holder_and_waiter(ttl * 3).await?;
+            let operator = polylock::connect_backend(ctx.target.url())
+                .await
+                .map_err(|e| format!("operator connect: {e}"))?;
+            let name = lock_core::LockName::new(ctx.name.clone()).map_err(|e| e.to_string())?;
+            let fault_start = ctx.register.mark("operator force_release");
+            let removed = operator
+                .force_release(&name)
+                .await
+                .map_err(|e| format!("force_release: {e}"))?;
+            if !removed {
+                return Err("force_release found no lock to remove".into());
+            }
+            ctx.wait_release("a", recovery).await?;
+            ctx.wait_release("b", recovery).await?;
+            Ok(Window {
+                fault_start,
+                fault_end: fault_start,
+            })
+        }
+    }
+}
+
+/// What one scenario observed on one backend.
+#[derive(Clone, Debug, Default)]
+pub struct Observation {
+    /// Critical sections that overlapped while the earlier holder still
+    /// believed it held the lock (no lost signal yet): mutual exclusion
+    /// lost as the application sees it.
+    pub overlaps: usize,
+    /// Overlaps after the earlier holder's lost signal (it was told).
+    pub overlaps_after_lost: usize,
+    /// Writes the fence rejected.
+    pub stale_rejected: usize,
+    /// Stale writes the fence accepted (must be 0 where fencing holds).
+    pub stale_accepted: usize,
+    /// Writes accepted.
+    pub writes_accepted: usize,
+    /// Grants.
+    pub grants: usize,
+    /// Grants whose token was not above every earlier one.
+    pub token_order_violations: usize,
+    /// Fault start to `a`'s lost signal, milliseconds.
+    pub fault_to_lost_ms: Option<u64>,
+    /// `a`'s lost signal against its lease's local deadline, ms (positive:
+    /// after it).
+    pub lost_vs_deadline_ms: Option<i64>,
+    /// Fault start to `b`'s grant, ms.
+    pub fault_to_grant_ms: Option<u64>,
+    /// Fault end to `b`'s grant, ms (negative: granted during the fault).
+    pub fault_end_to_grant_ms: Option<i64>,
+    /// What `a`'s release reported (`ok`, `lost`, `error`; none if killed).
+    pub release: Option<String>,
+    /// The TTL `a` was granted, ms.
+    pub granted_ttl_ms: Option<u64>,
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn signed_ms(a: Duration, b: Duration) -> i64 {
+    let v = if a >= b {
+        i128::try_from((a - b).as_millis()).unwrap_or(i128::MAX)
+    } else {
+        -i128::try_from((b - a).as_millis()).unwrap_or(i128::MAX)
+    };
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn note_value<T: std::str::FromStr>(events: &[Event], id: &str, key: &str) -> Option<T> {
+    events.iter().find_map(|e| match &e.kind {
+        EventKind::Note(text) if e.client == id => text
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok()),
+        _ => None,
+    })
+}
+
+/// The observation over a scenario's events.
+pub fn analyse(events: &[Event], window: Window) -> Observation {
+    let r = report(events);
+    let lost_before = |client: &str, at: Duration| {
+        let entered = events
+            .iter()
+            .filter(|e| e.client == client && e.at <= at && matches!(e.kind, EventKind::Enter(_)))
+            .map(|e| e.at)
+            .next_back()
+            .unwrap_or_default();
+        events.iter().any(|e| {
+            e.client == client && e.at >= entered && e.at <= at && e.kind == EventKind::Lost
+        })
+    };
+    let told = r
+        .overlaps
+        .iter()
+        .filter(|o| lost_before(&o.inside, o.at))
+        .count();
+    let first = |id: &str, pred: &dyn Fn(&EventKind) -> bool| {
+        events
+            .iter()
+            .find(|e| e.client == id && e.at >= window.fault_start && pred(&e.kind))
+            .map(|e| e.at)
+    };
+    let lost = first("a", &|k| *k == EventKind::Lost);
+    let grant = first("b", &|k| matches!(k, EventKind::Grant(_)));
+    let release = events.iter().find_map(|e| match &e.kind {
+        EventKind::Release(o) if e.client == "a" => Some(o.clone()),
+        _ => None,
+    });
+    Observation {
+        overlaps: r.overlaps.len() - told,
+        overlaps_after_lost: told,
+        stale_rejected: r.stale_rejected,
+        stale_accepted: r.stale_accepted,
+        writes_accepted: r.writes_accepted,
+        grants: r.grants,
+        token_order_violations: r.token_order_violations,
+        fault_to_lost_ms: lost.map(|t| ms(t - window.fault_start)),
+        lost_vs_deadline_ms: note_value(events, "a", "vs_deadline_ms"),
+        fault_to_grant_ms: grant.map(|t| ms(t - window.fault_start)),
+        fault_end_to_grant_ms: grant.map(|t| signed_ms(t, window.fault_end)),
+        release,
+        granted_ttl_ms: note_value(events, "a", "ttl_ms"),
+    }
+}

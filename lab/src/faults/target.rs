@@ -1,0 +1,191 @@
+//! The backends the fault suite runs against: a URL the client processes
+//! connect with, the server processes behind it (none for SQLite, which
+//! runs inside the clients), and what the backend declares.
+
+use std::process::Command;
+use std::time::Duration;
+
+use lock_core::Guarantees;
+use testkit::{
+    EtcdServer, MariaDbServer, PostgresServer, RedisServer, ServerProcess, ZooKeeperServer,
+};
+
+/// The servers that keep one target alive (killed when dropped).
+enum Keep {
+    Embedded(#[allow(dead_code)] tempfile::TempDir),
+    Postgres(PostgresServer),
+    MariaDb(MariaDbServer),
+    Redis(Vec<RedisServer>),
+    Etcd(EtcdServer),
+    Zk(ZooKeeperServer),
+}
+
+/// A running backend.
+pub struct Target {
+    label: &'static str,
+    url: String,
+    guarantees: Guarantees,
+    server_version: String,
+    keep: Keep,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL carries the test database's password.
+        f.debug_struct("Target")
+            .field("label", &self.label)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every backend the suite knows, in the order of the declared table.
+/// Memory is not here: it lives inside one process, and the suite's
+/// clients are separate processes.
+pub const LABELS: [&str; 7] = [
+    "sqlite",
+    "postgres",
+    "mysql",
+    "redis",
+    "redlock",
+    "etcd",
+    "zookeeper",
+];
+
+fn declared(backend: &str) -> Result<Guarantees, String> {
+    polylock::declared_guarantees()
+        .into_iter()
+        .find(|g| g.backend == backend)
+        .ok_or_else(|| format!("{backend} is not compiled into this build"))
+}
+
+/// The first line a program prints for `args` (its version banner).
+fn version_of(program: &str, args: &[&str]) -> String {
+    Command::new(program)
+        .args(args)
+        .output()
+        .ok()
+        .and_then(|o| {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            text.lines().next().map(|l| l.trim().to_owned())
+        })
+        .filter(|l| !l.is_empty())
+        .unwrap_or_else(|| format!("{program}: version unknown"))
+}
+
+fn tk(e: testkit::Error) -> String {
+    e.to_string()
+}
+
+impl Target {
+    /// Starts the backend named `label` (one of [`LABELS`]).
+    pub fn start(label: &str) -> Result<Target, String> {
+        let (label, url, keep, server_version) = match label {
+            "sqlite" => {
+                let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+                let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+                // The library is linked into each client: no server to ask.
+                let v = "SQLite linked into the clients (sqlx)".to_owned();
+                ("sqlite", url, Keep::Embedded(dir), v)
+            }
+            "postgres" => {
+                let s = PostgresServer::start().map_err(tk)?;
+                let v = version_of("/usr/lib/postgresql/15/bin/postgres", &["--version"]);
+                ("postgres", s.url(), Keep::Postgres(s), v)
+            }
+            "mysql" => {
+                let s = MariaDbServer::start().map_err(tk)?;
+                let v = version_of("mariadbd", &["--version"]);
+                ("mysql", s.url(), Keep::MariaDb(s), v)
+            }
+            "redis" => {
+                let s = RedisServer::start().map_err(tk)?;
+                let url = format!("{}/0", s.url());
+                let v = version_of("redis-server", &["--version"]);
+                ("redis", url, Keep::Redis(vec![s]), v)
+            }
+            "redlock" => {
+                let servers = RedisServer::start_independent(5, &[]).map_err(tk)?;
+                let url = format!("redlock://{}", RedisServer::host_list(&servers));
+                let v = format!("5 x {}", version_of("redis-server", &["--version"]));
+                ("redlock", url, Keep::Redis(servers), v)
+            }
+            "etcd" => {
+                let s = EtcdServer::start().map_err(tk)?;
+                let url = format!("etcd://{}", s.addr());
+                let v = version_of("etcd", &["--version"]);
+                ("etcd", url, Keep::Etcd(s), v)
+            }
+            "zookeeper" => {
+                let s = ZooKeeperServer::start().map_err(tk)?;
+                let url = format!("zk://{}", s.connect_string());
+                ("zookeeper", url, Keep::Zk(s), zookeeper_version())
+            }
+            other => {
+                return Err(format!(
+                    "unknown backend {other:?}: choose from {}",
+                    LABELS.join(", ")
+                ))
+            }
+        };
+        Ok(Target {
+            label,
+            guarantees: declared(label)?,
+            url,
+            server_version,
+            keep,
+        })
+    }
+
+    /// The backend's name, as in the declared table.
+    pub fn label(&self) -> &'static str {
+        self.label
+    }
+
+    /// The URL clients connect with (holds credentials: never log it).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// What the backend declares.
+    pub fn guarantees(&self) -> &Guarantees {
+        &self.guarantees
+    }
+
+    /// The servers' version banner, for the raw observations.
+    pub fn server_version(&self) -> &str {
+        &self.server_version
+    }
+
+    /// The server processes behind the URL; empty for an embedded backend.
+    pub fn processes(&self) -> Vec<&ServerProcess> {
+        match &self.keep {
+            Keep::Embedded(_) => Vec::new(),
+            Keep::Postgres(s) => vec![s.process()],
+            Keep::MariaDb(s) => vec![s.process()],
+            Keep::Redis(v) => v.iter().map(RedisServer::process).collect(),
+            Keep::Etcd(s) => vec![s.process()],
+            Keep::Zk(s) => vec![s.process()],
+        }
+    }
+
+    /// The TTL every scenario asks for: two seconds, or the backend's
+    /// smallest grant if that is longer (rounded to its step).
+    pub fn ttl(&self) -> Duration {
+        self.guarantees.effective_ttl(Duration::from_secs(2))
+    }
+}
+
+fn zookeeper_version() -> String {
+    // Debian names the version only in the links beside the jar.
+    std::fs::read_dir("/usr/share/java")
+        .ok()
+        .and_then(|dir| {
+            dir.flatten().find_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let v = name.strip_prefix("zookeeper-")?.strip_suffix(".jar")?;
+                v.starts_with(|c: char| c.is_ascii_digit())
+                    .then(|| format!("ZooKeeper {v}"))
+            })
+        })
+        .unwrap_or_else(|| "ZooKeeper (version unknown)".to_owned())
+}
