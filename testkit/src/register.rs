@@ -370,7 +370,7 @@ pub fn report(events: &[Event]) -> Report {
                         Some((h, _)) if *t < h => out.stale_accepted += 1,
                         _ => {}
                     }
-                    if highest_write.is_none_or(|(h, _)| *t > h) {
+                    if highest_write.map_or(true, |(h, _)| *t > h) {
                         highest_write = Some((*t, client));
                     }
                 }

@@ -26,6 +26,10 @@ struct Cli {
     /// Where guarantees.md, guarantees.json and timelines/ are written.
     #[arg(long, default_value = "docs")]
     out: PathBuf,
+    /// Where the client processes' logs go (default: a new directory under
+    /// the system's temp dir, kept after the run).
+    #[arg(long)]
+    logs: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Cmd>,
 }
@@ -117,14 +121,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let logs = match tempfile::Builder::new()
-        .prefix("polylock-compare-")
-        .tempdir()
-    {
+    let logs = match cli.logs {
+        Some(dir) => std::fs::create_dir_all(&dir).map(|()| dir),
         // Kept after the run: the client logs explain a failed scenario.
-        Ok(d) => d.keep(),
+        None => tempfile::Builder::new()
+            .prefix("polylock-compare-")
+            .tempdir()
+            .map(tempfile::TempDir::keep),
+    };
+    let logs = match logs {
+        Ok(d) => d,
         Err(e) => {
-            eprintln!("polylock-compare: run directory: {e}");
+            eprintln!("polylock-compare: log directory: {e}");
             return ExitCode::FAILURE;
         }
     };

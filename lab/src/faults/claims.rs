@@ -29,6 +29,13 @@ fn expiry_slack(ttl: Duration) -> Duration {
     ttl.max(Duration::from_secs(5))
 }
 
+fn grant_detail(obs: &Observation) -> String {
+    obs.fault_to_grant_ms.map_or_else(
+        || "no next grant".to_owned(),
+        |t| format!("next grant {t} ms after the fault"),
+    )
+}
+
 /// The checks of one observation. `ttl` is the TTL the clients asked for.
 pub fn check(
     backend: &'static str,
@@ -71,7 +78,10 @@ pub fn check(
             push(
                 "release reports a lease lost during the pause".into(),
                 obs.release.as_deref() == Some("lost"),
-                format!("release reported {:?}", obs.release),
+                format!(
+                    "release reported {}",
+                    obs.release.as_deref().unwrap_or("nothing")
+                ),
             );
         }
         Kind::ClientKill => {
@@ -89,7 +99,7 @@ pub fn check(
                 ),
                 obs.fault_to_grant_ms
                     .is_some_and(|t| u128::from(t) <= limit.as_millis()),
-                format!("next grant {:?} ms after the kill", obs.fault_to_grant_ms),
+                grant_detail(obs),
             );
         }
         Kind::ServerRestart if g.survives_restart => {
@@ -99,16 +109,25 @@ pub fn check(
                 format!("{} overlaps", obs.overlaps),
             );
             push(
+                "survives server restart: the holder keeps its lock".into(),
+                obs.fault_to_lost_ms.is_none() && obs.release.as_deref() == Some("ok"),
+                format!(
+                    "lost signal {}, release reported {}",
+                    obs.fault_to_lost_ms
+                        .map_or_else(|| "never".to_owned(), |t| format!("after {t} ms")),
+                    obs.release.as_deref().unwrap_or("nothing")
+                ),
+            );
+            push(
                 "survives server restart: the lock is granted again".into(),
                 obs.fault_to_grant_ms.is_some(),
-                format!("next grant {:?} ms after the kill", obs.fault_to_grant_ms),
+                grant_detail(obs),
             );
         }
         Kind::ServerRestart => {}
         Kind::ServerPause => {
             push(
-                "a paused server lets no second holder in while the first believes it holds"
-                    .into(),
+                "a paused server lets no second holder in while the first believes it holds".into(),
                 obs.overlaps == 0,
                 format!("{} overlaps", obs.overlaps),
             );
@@ -148,7 +167,9 @@ mod tests {
         for s in &SCENARIOS {
             let checks = check("x", &strict(), s, &obs, Duration::from_secs(2));
             assert!(
-                checks.iter().any(|c| !c.ok && c.claim.starts_with("fencing")),
+                checks
+                    .iter()
+                    .any(|c| !c.ok && c.claim.starts_with("fencing")),
                 "{}: {checks:?}",
                 s.id
             );
@@ -164,11 +185,17 @@ mod tests {
             token_order_violations: 1,
             ..Observation::default()
         };
-        let restart = SCENARIOS.iter().find(|s| s.kind == Kind::ServerRestart).unwrap();
+        let restart = SCENARIOS
+            .iter()
+            .find(|s| s.kind == Kind::ServerRestart)
+            .unwrap();
         assert!(check("x", &g, restart, &obs, Duration::from_secs(2))
             .iter()
             .all(|c| c.ok));
-        let pause = SCENARIOS.iter().find(|s| s.kind == Kind::ClientPause).unwrap();
+        let pause = SCENARIOS
+            .iter()
+            .find(|s| s.kind == Kind::ClientPause)
+            .unwrap();
         assert!(check("x", &g, pause, &obs, Duration::from_secs(2))
             .iter()
             .any(|c| !c.ok));
@@ -176,7 +203,10 @@ mod tests {
 
     #[test]
     fn a_lock_freed_long_after_the_ttl_contradicts_expiry() {
-        let kill = SCENARIOS.iter().find(|s| s.kind == Kind::ClientKill).unwrap();
+        let kill = SCENARIOS
+            .iter()
+            .find(|s| s.kind == Kind::ClientKill)
+            .unwrap();
         let late = Observation {
             fault_to_grant_ms: Some(60_000),
             ..Observation::default()
@@ -186,7 +216,11 @@ mod tests {
             ..Observation::default()
         };
         let ttl = Duration::from_secs(2);
-        assert!(check("x", &strict(), kill, &late, ttl).iter().any(|c| !c.ok));
-        assert!(check("x", &strict(), kill, &on_time, ttl).iter().all(|c| c.ok));
+        assert!(check("x", &strict(), kill, &late, ttl)
+            .iter()
+            .any(|c| !c.ok));
+        assert!(check("x", &strict(), kill, &on_time, ttl)
+            .iter()
+            .all(|c| c.ok));
     }
 }

@@ -91,9 +91,7 @@ pub async fn run(spec: ClientSpec) -> Result<(), String> {
                     e @ (LockError::InvalidName { .. }
                     | LockError::InvalidTtl { .. }
                     | LockError::InvalidWait { .. }),
-                ) => {
-                    return Err(format!("acquire: {e}"))
-                }
+                ) => return Err(format!("acquire: {e}")),
                 Err(e) => {
                     eprintln!("{}: round {round}: acquire failed, retrying: {e}", spec.id);
                     tokio::time::sleep(RETRY).await;
@@ -143,9 +141,7 @@ pub async fn run(spec: ClientSpec) -> Result<(), String> {
         let guard = Arc::try_unwrap(guard)
             .map_err(|_| "the lost watcher still holds the guard".to_owned())?;
         let outcome = release_outcome(guard.release().await);
-        wire.call("RELEASE", outcome)
-            .await
-            .map_err(io("RELEASE"))?;
+        wire.call("RELEASE", outcome).await.map_err(io("RELEASE"))?;
     }
     Ok(())
 }

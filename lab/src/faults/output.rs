@@ -26,7 +26,8 @@ pub fn write_all(report: &Report, dir: &Path) -> Result<Vec<std::path::PathBuf>,
         Ok(())
     };
     for cell in &report.cells {
-        if let (Kind::ClientPause, Outcome::Observed(_, window)) = (cell.scenario.kind, &cell.outcome)
+        if let (Kind::ClientPause, Outcome::Observed(_, window)) =
+            (cell.scenario.kind, &cell.outcome)
         {
             put(
                 timelines.join(timeline_file(cell.backend)),
@@ -170,9 +171,10 @@ fn cell_text(cell: &Cell) -> String {
 
 /// Two sentences for a cell that shows a loss of mutual exclusion.
 fn explanation(o: &Observation, fenced: bool) -> String {
-    let when = o
-        .fault_to_grant_ms
-        .map_or_else(|| "during the run".to_owned(), |t| format!("{} after the fault started", secs(t)));
+    let when = o.fault_to_grant_ms.map_or_else(
+        || "during the run".to_owned(),
+        |t| format!("{} after the fault started", secs(t)),
+    );
     let first = format!(
         "`b` was granted the lock {when} while `a` still believed it held it (its lost signal had not fired), \
          so {} critical section{} overlapped.",
@@ -185,11 +187,12 @@ fn explanation(o: &Observation, fenced: bool) -> String {
             o.stale_accepted,
             if o.stale_accepted == 1 { "" } else { "s" }
         )
-    } else if o.stale_rejected > 0 && fenced {
+    } else if o.stale_rejected > 0 {
         format!(
-            "The fenced register rejected {} late write{} of `a` and accepted none, so a resource that checks the fencing token kept its data; one that does not would have been overwritten.",
+            "The fenced register rejected {} late write{} of `a` and accepted none, so a resource that checks the fencing token kept its data{}; one that does not would have been overwritten.",
             o.stale_rejected,
-            if o.stale_rejected == 1 { "" } else { "s" }
+            if o.stale_rejected == 1 { "" } else { "s" },
+            if fenced { "" } else { " (across this fault the backend does not promise that)" }
         )
     } else {
         "No write of `a` reached the register after `b`'s, so the data stayed intact this time; only fencing tokens make that a guarantee rather than luck.".to_owned()
@@ -217,7 +220,12 @@ pub fn markdown(report: &Report, stamp: &str) -> String {
     md += &"---|".repeat(report.backends.len());
     md += "\n| server, TTL asked |";
     for b in &report.backends {
-        let _ = write!(md, " {}, {} ms |", b.server_version.replace('|', "\\|"), b.ttl.as_millis());
+        let _ = write!(
+            md,
+            " {}, {} ms |",
+            b.server_version.replace('|', "\\|"),
+            b.ttl.as_millis()
+        );
     }
     md += "\n";
     for s in &report.scenarios {
@@ -262,7 +270,10 @@ pub fn markdown(report: &Report, stamp: &str) -> String {
     let errors = report.errors();
     if errors.is_empty() {
         let n: usize = report.cells.iter().map(|c| c.checks.len()).sum();
-        let _ = writeln!(md, "All {n} checks of declared claims against the runs passed:\n");
+        let _ = writeln!(
+            md,
+            "All {n} checks of declared claims against the runs passed:\n"
+        );
     } else {
         let _ = writeln!(md, "**{} errors** — the run failed:\n", errors.len());
         for e in &errors {
@@ -280,7 +291,11 @@ pub fn markdown(report: &Report, stamp: &str) -> String {
                 k.scenario,
                 k.claim,
                 k.detail,
-                if k.ok { "confirmed" } else { "**contradicted**" }
+                if k.ok {
+                    "confirmed"
+                } else {
+                    "**contradicted**"
+                }
             );
         }
     }
@@ -438,14 +453,20 @@ pub fn utc_stamp(secs: u64) -> String {
 }
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// The client-pause run of one backend as an SVG timeline: `a`'s and `b`'s
 /// critical sections, the pause, the grants with their tokens, every write
 /// (accepted or rejected by the fence) and `a`'s lost signal.
 pub fn timeline_svg(cell: &Cell, window: Window) -> String {
-    let events: Vec<&Event> = cell.events.iter().filter(|e| e.client != "harness").collect();
+    let events: Vec<&Event> = cell
+        .events
+        .iter()
+        .filter(|e| e.client != "harness")
+        .collect();
     let t0 = events.first().map_or(Duration::ZERO, |e| e.at);
     let t1 = events.last().map_or(t0, |e| e.at).max(window.fault_end);
     let span = (t1.saturating_sub(t0)).as_secs_f64().max(0.5) * 1.05;

@@ -94,7 +94,10 @@ impl Report {
         let mut out = Vec::new();
         for c in &self.cells {
             if let Outcome::Failed(why) = &c.outcome {
-                out.push(format!("{} / {}: did not complete: {why}", c.backend, c.scenario.id));
+                out.push(format!(
+                    "{} / {}: did not complete: {why}",
+                    c.backend, c.scenario.id
+                ));
             }
             for k in c.checks.iter().filter(|k| !k.ok) {
                 out.push(format!(
@@ -210,7 +213,7 @@ async fn run_cell(target: &Target, s: &Scenario, config: &Config) -> Cell {
         cell.outcome = Outcome::NotApplicable(why);
         return cell;
     }
-    let mut ctx = match Ctx::new(target, s.id, &config.client_exe, &config.log_dir) {
+    let mut ctx = match Ctx::new(target, s, &config.client_exe, &config.log_dir) {
         Ok(c) => c,
         Err(e) => {
             cell.outcome = Outcome::Failed(e);
@@ -231,7 +234,8 @@ async fn run_cell(target: &Target, s: &Scenario, config: &Config) -> Cell {
     cell.outcome = match result {
         Ok(window) => {
             let obs = analyse(&cell.events, window);
-            cell.checks = claims::check(target.label(), target.guarantees(), s, &obs, target.ttl());
+            cell.checks =
+                claims::check(target.label(), target.guarantees(), s, &obs, s.ttl(target));
             Outcome::Observed(obs, window)
         }
         Err(e) => Outcome::Failed(format!("{e}{}", log_hint(&config.log_dir))),

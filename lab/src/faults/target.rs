@@ -58,15 +58,17 @@ fn declared(backend: &str) -> Result<Guarantees, String> {
         .ok_or_else(|| format!("{backend} is not compiled into this build"))
 }
 
-/// The first line a program prints for `args` (its version banner).
+/// The first three words of what a program prints for `args`: its name
+/// and version, without build details.
 fn version_of(program: &str, args: &[&str]) -> String {
     Command::new(program)
         .args(args)
         .output()
         .ok()
-        .and_then(|o| {
+        .map(|o| {
             let text = String::from_utf8_lossy(&o.stdout).into_owned();
-            text.lines().next().map(|l| l.trim().to_owned())
+            let words: Vec<&str> = text.split_whitespace().take(3).collect();
+            words.join(" ")
         })
         .filter(|l| !l.is_empty())
         .unwrap_or_else(|| format!("{program}: version unknown"))
@@ -106,7 +108,7 @@ impl Target {
             "redlock" => {
                 let servers = RedisServer::start_independent(5, &[]).map_err(tk)?;
                 let url = format!("redlock://{}", RedisServer::host_list(&servers));
-                let v = format!("5 x {}", version_of("redis-server", &["--version"]));
+                let v = format!("{} ×5", version_of("redis-server", &["--version"]));
                 ("redlock", url, Keep::Redis(servers), v)
             }
             "etcd" => {
