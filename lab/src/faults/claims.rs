@@ -132,6 +132,38 @@ pub fn check(
                 format!("{} overlaps", obs.overlaps),
             );
         }
+        Kind::Blackhole | Kind::Latency => {
+            push(
+                "the holder is told by its local deadline, before anyone else is let in".into(),
+                obs.overlaps == 0,
+                format!("{} overlaps", obs.overlaps),
+            );
+            let slack = (ttl / 4).max(Duration::from_millis(500));
+            push(
+                format!(
+                    "lost() fires at the local deadline at the latest (+ {} ms slack)",
+                    slack.as_millis()
+                ),
+                // Under latency alone the renewals may keep up: no signal
+                // is then fine; a silent link must end in one.
+                obs.lost_vs_deadline_ms
+                    .map_or(scenario.kind == Kind::Latency, |d| {
+                        i128::from(d) <= i128::try_from(slack.as_millis()).unwrap_or(i128::MAX)
+                    }),
+                obs.lost_vs_deadline_ms.map_or_else(
+                    || "no lost signal".to_owned(),
+                    |d| format!("lost() {d:+} ms against the deadline"),
+                ),
+            );
+        }
+        Kind::Reset => {
+            push(
+                "a reset connection lets no second holder in while the first believes it holds"
+                    .into(),
+                obs.overlaps == 0,
+                format!("{} overlaps", obs.overlaps),
+            );
+        }
         Kind::ForcedRelease => {
             push(
                 "after a forced release the old holder's writes are fenced off".into(),

@@ -16,6 +16,7 @@ use lock_core::Guarantees;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use testkit::register::{report, Event, EventKind, Register};
+use testkit::{Mode, Proxy};
 
 use super::target::Target;
 
@@ -32,6 +33,12 @@ pub enum Kind {
     ServerPause,
     /// An operator removes the lock behind its holder's back.
     ForcedRelease,
+    /// The holder's connections go silent (no FIN, no RST) past the TTL.
+    Blackhole,
+    /// The holder's connections are reset (RST), then allowed again.
+    Reset,
+    /// Every byte to and from the holder is delayed by 40% of the TTL.
+    Latency,
 }
 
 /// One scenario of the suite.
@@ -48,7 +55,7 @@ pub struct Scenario {
 }
 
 /// Every scenario, in table order.
-pub const SCENARIOS: [Scenario; 5] = [
+pub const SCENARIOS: [Scenario; 8] = [
     Scenario {
         id: "client-pause",
         title: "client paused past the TTL (SIGSTOP, GC pause)",
@@ -79,6 +86,24 @@ pub const SCENARIOS: [Scenario; 5] = [
         quick: false,
         kind: Kind::ForcedRelease,
     },
+    Scenario {
+        id: "blackhole",
+        title: "holder's connection blackholed past the TTL",
+        quick: false,
+        kind: Kind::Blackhole,
+    },
+    Scenario {
+        id: "reset",
+        title: "holder's connection reset (RST)",
+        quick: false,
+        kind: Kind::Reset,
+    },
+    Scenario {
+        id: "latency",
+        title: "latency near the TTL on the holder's link (40% each way)",
+        quick: false,
+        kind: Kind::Latency,
+    },
 ];
 
 impl Scenario {
@@ -94,6 +119,10 @@ impl Scenario {
                 Err("the backend declares no force release".into())
             }
             Kind::ForcedRelease => Ok(()),
+            Kind::Blackhole | Kind::Reset | Kind::Latency if target.addrs().is_empty() => {
+                Err("no network between the client and the database".into())
+            }
+            Kind::Blackhole | Kind::Reset | Kind::Latency => Ok(()),
         }
     }
 
@@ -160,6 +189,8 @@ pub struct Ctx<'a> {
     ttl: Duration,
     name: String,
     clients: Vec<ClientProc>,
+    /// The holder's proxies (one per server), for the network faults.
+    proxies: Vec<Proxy>,
 }
 
 /// Time allowed for a client process to start, connect and be granted a
@@ -185,6 +216,7 @@ impl<'a> Ctx<'a> {
             ttl: scenario.ttl(target),
             name: format!("polylock-compare-{run:08x}/{}", scenario.id),
             clients: Vec::new(),
+            proxies: Vec::new(),
         })
     }
 
@@ -201,6 +233,17 @@ impl<'a> Ctx<'a> {
     /// Starts client `id`, which takes the lock `rounds` times and holds it
     /// for `hold` each time. Its stderr goes to a log in the run directory.
     pub fn spawn(&mut self, id: &str, hold: Duration, rounds: u32) -> Result<(), String> {
+        let url = self.target.url().to_owned();
+        self.spawn_with_url(id, hold, rounds, &url)
+    }
+
+    fn spawn_with_url(
+        &mut self,
+        id: &str,
+        hold: Duration,
+        rounds: u32,
+        url: &str,
+    ) -> Result<(), String> {
         let log_path = self.log_dir.join(format!(
             "{}-{}-{id}.log",
             self.target.label(),
@@ -217,7 +260,7 @@ impl<'a> Ctx<'a> {
             .args(["--rounds", &rounds.to_string()])
             // Not on the command line: the URL holds credentials, and
             // argv is public to every user of the machine.
-            .env(URL_ENV, self.target.url())
+            .env(URL_ENV, url)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -315,6 +358,34 @@ impl<'a> Ctx<'a> {
     /// context is dropped.
     pub async fn holder_and_waiter(&mut self, hold: Duration) -> Result<(), String> {
         self.spawn("a", hold, 1)?;
+        self.wait_waiter().await
+    }
+
+    /// [`holder_and_waiter`](Ctx::holder_and_waiter) with `a` connected
+    /// through a proxy per server, for [`set_holder_link`](Ctx::set_holder_link).
+    ///
+    /// # Cancel safety
+    /// As [`holder_and_waiter`](Ctx::holder_and_waiter).
+    pub async fn proxied_holder_and_waiter(&mut self, hold: Duration) -> Result<(), String> {
+        let mut pairs = Vec::new();
+        for server in self.target.addrs() {
+            let proxy = Proxy::start(server).map_err(|e| e.to_string())?;
+            pairs.push((server, proxy.addr()));
+            self.proxies.push(proxy);
+        }
+        let url = self.target.url_through(&pairs);
+        self.spawn_with_url("a", hold, 1, &url)?;
+        self.wait_waiter().await
+    }
+
+    /// Sets what the holder's proxies do with its traffic.
+    pub fn set_holder_link(&self, mode: Mode) {
+        for p in &self.proxies {
+            p.set_mode(mode);
+        }
+    }
+
+    async fn wait_waiter(&mut self) -> Result<(), String> {
         self.wait_for("a", Duration::ZERO, START_LIMIT, "first WRITE", |k| {
             matches!(k, EventKind::Write { .. })
         })
@@ -415,6 +486,29 @@ pub async fn run(scenario: &Scenario, ctx: &mut Ctx<'_>) -> Result<Window, Strin
                 .try_for_each(|s| s.resume().map_err(|e| e.to_string()));
             paused?;
             resumed?;
+            ctx.wait_release("a", recovery).await?;
+            ctx.wait_release("b", recovery).await?;
+            Ok(Window {
+                fault_start,
+                fault_end,
+            })
+        }
+        Kind::Blackhole | Kind::Reset | Kind::Latency => {
+            ctx.proxied_holder_and_waiter(ttl * 4).await?;
+            let (mode, what, lasts) = match scenario.kind {
+                Kind::Blackhole => (Mode::Blackhole, "blackhole a's link", ttl * 2),
+                Kind::Reset => (
+                    Mode::Reset,
+                    "reset a's connections",
+                    Duration::from_millis(300),
+                ),
+                _ => (Mode::Delay(ttl * 2 / 5), "delay a's link", ttl * 2),
+            };
+            let fault_start = ctx.register.mark(what);
+            ctx.set_holder_link(mode);
+            tokio::time::sleep(lasts).await;
+            let fault_end = ctx.register.mark("a's link back to normal");
+            ctx.set_holder_link(Mode::Pass);
             ctx.wait_release("a", recovery).await?;
             ctx.wait_release("b", recovery).await?;
             Ok(Window {

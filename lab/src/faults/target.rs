@@ -2,6 +2,7 @@
 //! connect with, the server processes behind it (none for SQLite, which
 //! runs inside the clients), and what the backend declares.
 
+use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 
@@ -41,11 +42,14 @@ impl std::fmt::Debug for Target {
 /// Every backend the suite knows, in the order of the declared table.
 /// Memory is not here: it lives inside one process, and the suite's
 /// clients are separate processes.
-pub const LABELS: [&str; 7] = [
+/// `redis-aof` is the `redis` backend on a server that persists every
+/// write (`appendfsync always`): the same claims, another deployment.
+pub const LABELS: [&str; 8] = [
     "sqlite",
     "postgres",
     "mysql",
     "redis",
+    "redis-aof",
     "redlock",
     "etcd",
     "zookeeper",
@@ -82,6 +86,21 @@ impl Target {
     /// Starts the backend named `label` (one of [`LABELS`]).
     pub fn start(label: &str) -> Result<Target, String> {
         let (label, url, keep, server_version) = match label {
+            "redis-aof" => {
+                let s = RedisServer::start_with_args(&[
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "always",
+                ])
+                .map_err(tk)?;
+                let url = format!("{}/0", s.url());
+                let v = format!(
+                    "{}, appendfsync always",
+                    version_of("redis-server", &["--version"])
+                );
+                ("redis-aof", url, Keep::Redis(vec![s]), v)
+            }
             "sqlite" => {
                 let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
                 let url = format!("sqlite://{}", dir.path().join("locks.db").display());
@@ -131,7 +150,7 @@ impl Target {
         };
         Ok(Target {
             label,
-            guarantees: declared(label)?,
+            guarantees: declared(label.strip_suffix("-aof").unwrap_or(label))?,
             url,
             server_version,
             keep,
@@ -170,10 +189,76 @@ impl Target {
         }
     }
 
+    /// The servers' client addresses, as they appear in the URL.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        match &self.keep {
+            Keep::Embedded(_) => Vec::new(),
+            Keep::Postgres(s) => vec![s.addr()],
+            Keep::MariaDb(s) => vec![s.addr()],
+            Keep::Redis(v) => v.iter().map(RedisServer::addr).collect(),
+            Keep::Etcd(s) => vec![s.addr()],
+            Keep::Zk(s) => vec![s.addr()],
+        }
+    }
+
+    /// The URL with each server address replaced by its proxy's, given as
+    /// `(server, proxy)` pairs.
+    pub fn url_through(&self, proxies: &[(SocketAddr, SocketAddr)]) -> String {
+        let mut url = self.url.clone();
+        for (server, proxy) in proxies {
+            url = replace_addr(&url, &server.to_string(), &proxy.to_string());
+        }
+        url
+    }
+
     /// The TTL every scenario asks for: two seconds, or the backend's
     /// smallest grant if that is longer (rounded to its step).
     pub fn ttl(&self) -> Duration {
         self.guarantees.effective_ttl(Duration::from_secs(2))
+    }
+}
+
+/// Replaces `from` in `url` only where it is a whole address: not when
+/// its port is the start of a longer port (127.0.0.1:4000 in
+/// 127.0.0.1:40001).
+fn replace_addr(url: &str, from: &str, to: &str) -> String {
+    let mut out = String::with_capacity(url.len());
+    let mut rest = url;
+    while let Some(i) = rest.find(from) {
+        let after = &rest[i + from.len()..];
+        out += &rest[..i];
+        if after.starts_with(|c: char| c.is_ascii_digit()) {
+            out += from;
+        } else {
+            out += to;
+        }
+        rest = after;
+    }
+    out + rest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replace_addr;
+
+    #[test]
+    fn only_whole_addresses_are_replaced() {
+        assert_eq!(
+            replace_addr(
+                "redlock://127.0.0.1:40001,127.0.0.1:4000",
+                "127.0.0.1:4000",
+                "127.0.0.1:9"
+            ),
+            "redlock://127.0.0.1:40001,127.0.0.1:9"
+        );
+        assert_eq!(
+            replace_addr(
+                "postgres://u:p@127.0.0.1:5/db",
+                "127.0.0.1:5",
+                "127.0.0.1:6"
+            ),
+            "postgres://u:p@127.0.0.1:6/db"
+        );
     }
 }
 
