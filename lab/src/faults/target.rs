@@ -237,6 +237,21 @@ fn replace_addr(url: &str, from: &str, to: &str) -> String {
     out + rest
 }
 
+fn zookeeper_version() -> String {
+    // Debian names the version only in the links beside the jar.
+    std::fs::read_dir("/usr/share/java")
+        .ok()
+        .and_then(|dir| {
+            dir.flatten().find_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let v = name.strip_prefix("zookeeper-")?.strip_suffix(".jar")?;
+                v.starts_with(|c: char| c.is_ascii_digit())
+                    .then(|| format!("ZooKeeper {v}"))
+            })
+        })
+        .unwrap_or_else(|| "ZooKeeper (version unknown)".to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::replace_addr;
@@ -260,19 +275,4 @@ mod tests {
             "postgres://u:p@127.0.0.1:6/db"
         );
     }
-}
-
-fn zookeeper_version() -> String {
-    // Debian names the version only in the links beside the jar.
-    std::fs::read_dir("/usr/share/java")
-        .ok()
-        .and_then(|dir| {
-            dir.flatten().find_map(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let v = name.strip_prefix("zookeeper-")?.strip_suffix(".jar")?;
-                v.starts_with(|c: char| c.is_ascii_digit())
-                    .then(|| format!("ZooKeeper {v}"))
-            })
-        })
-        .unwrap_or_else(|| "ZooKeeper (version unknown)".to_owned())
 }
