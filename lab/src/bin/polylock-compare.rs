@@ -17,7 +17,9 @@ use polylock_lab::faults::{client, output, run, scenario::URL_ENV};
 #[command(name = "polylock-compare", args_conflicts_with_subcommands = true)]
 struct Cli {
     /// Backends to run, comma-separated (default: all): sqlite, postgres,
-    /// mysql, redis, redlock, etcd, zookeeper.
+    /// mysql, redis, redis-aof, redlock, etcd, etcd-cluster, zookeeper,
+    /// zookeeper-ensemble. `--quick` alone leaves out redis-aof and the
+    /// three-member groups.
     #[arg(long, value_delimiter = ',')]
     backends: Vec<String>,
     /// Only the quick subset (client pause, client kill, server restart).
@@ -110,7 +112,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    if let Err(e) = run::select_backends(&cli.backends) {
+    if let Err(e) = run::select_backends(&cli.backends, cli.quick) {
         eprintln!("polylock-compare: {e}");
         return ExitCode::from(2);
     }

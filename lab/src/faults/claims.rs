@@ -102,7 +102,7 @@ pub fn check(
                 grant_detail(obs),
             );
         }
-        Kind::ServerRestart if g.survives_restart => {
+        Kind::ServerRestart | Kind::MajorityRestart if g.survives_restart => {
             push(
                 "survives server restart: no overlapping holders".into(),
                 obs.overlaps == 0,
@@ -124,7 +124,14 @@ pub fn check(
                 grant_detail(obs),
             );
         }
-        Kind::ServerRestart => {}
+        Kind::ServerRestart | Kind::MajorityRestart => {}
+        Kind::MinorityLoss => {
+            push(
+                "losing a minority of the servers lets no second holder in".into(),
+                obs.overlaps == 0,
+                format!("{} overlaps", obs.overlaps),
+            );
+        }
         Kind::ServerPause => {
             push(
                 "a paused server lets no second holder in while the first believes it holds".into(),

@@ -117,7 +117,10 @@ fn signed_secs(ms: i64) -> String {
 fn cell_text(cell: &Cell) -> String {
     match &cell.outcome {
         Outcome::NotApplicable(why) => format!("n/a: {why}"),
-        Outcome::Failed(why) => format!("**did not complete**: {}", why.replace('|', "\\|")),
+        Outcome::Failed(why) => format!(
+            "**did not complete**: {}",
+            why.lines().next().unwrap_or_default().replace('|', "\\|")
+        ),
         Outcome::Observed(o, w) => {
             let mut parts = Vec::new();
             let mut overlaps = format!("overlaps **{}**", o.overlaps);

@@ -9,7 +9,7 @@ use testkit::register::Event;
 
 use super::claims::{self, Check};
 use super::scenario::{self, analyse, Ctx, Observation, Scenario, Window, SCENARIOS};
-use super::target::{Target, LABELS};
+use super::target::{Target, LABELS, NOT_QUICK};
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -111,7 +111,9 @@ impl Report {
 }
 
 /// The labels `requested` names, checked, in table order; all when empty.
-pub fn select_backends(requested: &[String]) -> Result<Vec<&'static str>, String> {
+/// With `quick` and nothing requested, the deployments in [`NOT_QUICK`]
+/// are left out.
+pub fn select_backends(requested: &[String], quick: bool) -> Result<Vec<&'static str>, String> {
     for r in requested {
         if !LABELS.contains(&r.as_str()) {
             return Err(format!(
@@ -123,7 +125,10 @@ pub fn select_backends(requested: &[String]) -> Result<Vec<&'static str>, String
     Ok(LABELS
         .iter()
         .copied()
-        .filter(|l| requested.is_empty() || requested.iter().any(|r| r == l))
+        .filter(|l| match requested.is_empty() {
+            true => !(quick && NOT_QUICK.contains(l)),
+            false => requested.iter().any(|r| r == l),
+        })
         .collect())
 }
 
@@ -134,7 +139,7 @@ pub fn select_backends(requested: &[String]) -> Result<Vec<&'static str>, String
 /// dropped run writes no report.
 pub async fn run(config: &Config) -> Result<Report, String> {
     let started = Instant::now();
-    let labels = select_backends(&config.backends)?;
+    let labels = select_backends(&config.backends, config.quick)?;
     let scenarios: Vec<Scenario> = SCENARIOS
         .iter()
         .copied()

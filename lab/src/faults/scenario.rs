@@ -39,6 +39,12 @@ pub enum Kind {
     Reset,
     /// Every byte to and from the holder is delayed by 40% of the TTL.
     Latency,
+    /// A minority of the servers (the leader first where the fixture can
+    /// tell) killed for twice the TTL, then restarted.
+    MinorityLoss,
+    /// A majority of the servers killed and restarted at once, on what
+    /// they had persisted.
+    MajorityRestart,
 }
 
 /// One scenario of the suite.
@@ -55,7 +61,7 @@ pub struct Scenario {
 }
 
 /// Every scenario, in table order.
-pub const SCENARIOS: [Scenario; 8] = [
+pub const SCENARIOS: [Scenario; 10] = [
     Scenario {
         id: "client-pause",
         title: "client paused past the TTL (SIGSTOP, GC pause)",
@@ -104,6 +110,19 @@ pub const SCENARIOS: [Scenario; 8] = [
         quick: false,
         kind: Kind::Latency,
     },
+    Scenario {
+        id: "minority-loss",
+        title:
+            "a minority of the servers killed (leader first where known), restarted after 2 TTLs",
+        quick: false,
+        kind: Kind::MinorityLoss,
+    },
+    Scenario {
+        id: "majority-restart",
+        title: "a majority of the servers killed and restarted at once (TTL 5 s)",
+        quick: false,
+        kind: Kind::MajorityRestart,
+    },
 ];
 
 impl Scenario {
@@ -123,6 +142,10 @@ impl Scenario {
                 Err("no network between the client and the database".into())
             }
             Kind::Blackhole | Kind::Reset | Kind::Latency => Ok(()),
+            Kind::MinorityLoss | Kind::MajorityRestart if target.processes().len() < 3 => {
+                Err("fewer than three servers".into())
+            }
+            Kind::MinorityLoss | Kind::MajorityRestart => Ok(()),
         }
     }
 
@@ -132,7 +155,9 @@ impl Scenario {
     /// seconds).
     pub fn ttl(&self, target: &Target) -> Duration {
         match self.kind {
-            Kind::ServerRestart => target.guarantees().effective_ttl(Duration::from_secs(5)),
+            Kind::ServerRestart | Kind::MajorityRestart => {
+                target.guarantees().effective_ttl(Duration::from_secs(5))
+            }
             _ => target.ttl(),
         }
     }
@@ -141,7 +166,7 @@ impl Scenario {
     /// declares it (a restart of a backend that does not survive one), so
     /// that fencing is only claimed "unless data is lost".
     pub fn may_lose_data(&self, g: &Guarantees) -> bool {
-        self.kind == Kind::ServerRestart && !g.survives_restart
+        matches!(self.kind, Kind::ServerRestart | Kind::MajorityRestart) && !g.survives_restart
     }
 }
 
@@ -409,6 +434,31 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// Restarts `servers` all at once (each on its own thread) and waits until
+/// every one is ready: members of a group that lost its quorum only become
+/// ready together.
+fn restart_together(servers: &[&testkit::ServerProcess]) -> Result<(), String> {
+    tokio::task::block_in_place(|| {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = servers
+                .iter()
+                .map(|s| scope.spawn(move || s.restart().map_err(|e| first_line(&e.to_string()))))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("restart panicked".into())))
+                .collect::<Result<Vec<()>, String>>()
+                .map(drop)
+        })
+    })
+}
+
+/// A testkit error's first line: the rest is the server's log tail, which
+/// the run directory keeps.
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or_default().to_owned()
+}
+
 /// The environment variable that hands the URL to a client process.
 pub const URL_ENV: &str = "POLYLOCK_COMPARE_URL";
 
@@ -455,11 +505,7 @@ pub async fn run(scenario: &Scenario, ctx: &mut Ctx<'_>) -> Result<Window, Strin
         Kind::ServerRestart => {
             ctx.holder_and_waiter(ttl * 2).await?;
             let fault_start = ctx.register.mark("kill the server (SIGKILL)");
-            let restarted = tokio::task::block_in_place(|| {
-                ctx.servers()
-                    .iter()
-                    .try_for_each(|s| s.restart().map_err(|e| e.to_string()))
-            });
+            let restarted = restart_together(&ctx.servers());
             let fault_end = ctx.register.mark("server restarted and ready");
             restarted?;
             ctx.wait_release("a", recovery).await?;
@@ -509,6 +555,53 @@ pub async fn run(scenario: &Scenario, ctx: &mut Ctx<'_>) -> Result<Window, Strin
             tokio::time::sleep(lasts).await;
             let fault_end = ctx.register.mark("a's link back to normal");
             ctx.set_holder_link(Mode::Pass);
+            ctx.wait_release("a", recovery).await?;
+            ctx.wait_release("b", recovery).await?;
+            Ok(Window {
+                fault_start,
+                fault_end,
+            })
+        }
+        Kind::MinorityLoss => {
+            ctx.holder_and_waiter(ttl * 4).await?;
+            let n = ctx.servers().len();
+            let fault_start = ctx.register.mark("kill a minority of the servers");
+            let killed = ctx
+                .servers()
+                .iter()
+                .take((n - 1) / 2)
+                .try_for_each(|s| s.kill().map_err(|e| e.to_string()));
+            if killed.is_ok() {
+                tokio::time::sleep(ttl * 2).await;
+            }
+            let restarted = restart_together(&ctx.servers()[..(n - 1) / 2]);
+            let fault_end = ctx.register.mark("the minority restarted");
+            killed?;
+            restarted?;
+            ctx.wait_release("a", recovery).await?;
+            ctx.wait_release("b", recovery).await?;
+            Ok(Window {
+                fault_start,
+                fault_end,
+            })
+        }
+        Kind::MajorityRestart => {
+            ctx.holder_and_waiter(ttl * 2).await?;
+            let n = ctx.servers().len();
+            let fault_start = ctx
+                .register
+                .mark("kill and restart a majority of the servers");
+            // All killed first, then all started: a group whose members
+            // come back one by one would keep a quorum alive.
+            let killed = ctx
+                .servers()
+                .iter()
+                .take(n / 2 + 1)
+                .try_for_each(|s| s.kill().map_err(|e| e.to_string()));
+            let restarted = restart_together(&ctx.servers()[..n / 2 + 1]);
+            let fault_end = ctx.register.mark("the majority restarted");
+            killed?;
+            restarted?;
             ctx.wait_release("a", recovery).await?;
             ctx.wait_release("b", recovery).await?;
             Ok(Window {

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use lock_core::Guarantees;
 use testkit::{
-    EtcdServer, MariaDbServer, PostgresServer, RedisServer, ServerProcess, ZooKeeperServer,
+    EtcdCluster, EtcdServer, MariaDbServer, PostgresServer, RedisServer, ServerProcess,
+    ZooKeeperEnsemble, ZooKeeperServer,
 };
 
 /// The servers that keep one target alive (killed when dropped).
@@ -18,7 +19,9 @@ enum Keep {
     MariaDb(MariaDbServer),
     Redis(Vec<RedisServer>),
     Etcd(EtcdServer),
+    EtcdCluster(EtcdCluster),
     Zk(ZooKeeperServer),
+    ZkEnsemble(ZooKeeperEnsemble),
 }
 
 /// A running backend.
@@ -43,8 +46,9 @@ impl std::fmt::Debug for Target {
 /// Memory is not here: it lives inside one process, and the suite's
 /// clients are separate processes.
 /// `redis-aof` is the `redis` backend on a server that persists every
-/// write (`appendfsync always`): the same claims, another deployment.
-pub const LABELS: [&str; 8] = [
+/// write (`appendfsync always`), `etcd-cluster` and `zookeeper-ensemble`
+/// three-member groups: the same backends' claims, other deployments.
+pub const LABELS: [&str; 10] = [
     "sqlite",
     "postgres",
     "mysql",
@@ -52,8 +56,24 @@ pub const LABELS: [&str; 8] = [
     "redis-aof",
     "redlock",
     "etcd",
+    "etcd-cluster",
     "zookeeper",
+    "zookeeper-ensemble",
 ];
+
+/// The deployments the quick subset skips: one per backend is enough for
+/// CI, and the groups take longest to start.
+pub const NOT_QUICK: [&str; 3] = ["redis-aof", "etcd-cluster", "zookeeper-ensemble"];
+
+/// The backend whose declared guarantees a deployment label has.
+fn backend_of(label: &str) -> &str {
+    match label {
+        "redis-aof" => "redis",
+        "etcd-cluster" => "etcd",
+        "zookeeper-ensemble" => "zookeeper",
+        other => other,
+    }
+}
 
 fn declared(backend: &str) -> Result<Guarantees, String> {
     polylock::declared_guarantees()
@@ -136,6 +156,19 @@ impl Target {
                 let v = version_of("etcd", &["--version"]);
                 ("etcd", url, Keep::Etcd(s), v)
             }
+            "etcd-cluster" => {
+                let c = EtcdCluster::start(3).map_err(tk)?;
+                let hosts: Vec<String> = c.members().iter().map(|m| m.addr().to_string()).collect();
+                let url = format!("etcd://{}", hosts.join(","));
+                let v = format!("{} ×3", version_of("etcd", &["--version"]));
+                ("etcd-cluster", url, Keep::EtcdCluster(c), v)
+            }
+            "zookeeper-ensemble" => {
+                let e = ZooKeeperEnsemble::start(3).map_err(tk)?;
+                let url = format!("zk://{}", e.connect_string());
+                let v = format!("{} ×3", zookeeper_version());
+                ("zookeeper-ensemble", url, Keep::ZkEnsemble(e), v)
+            }
             "zookeeper" => {
                 let s = ZooKeeperServer::start().map_err(tk)?;
                 let url = format!("zk://{}", s.connect_string());
@@ -150,7 +183,7 @@ impl Target {
         };
         Ok(Target {
             label,
-            guarantees: declared(label.strip_suffix("-aof").unwrap_or(label))?,
+            guarantees: declared(backend_of(label))?,
             url,
             server_version,
             keep,
@@ -185,7 +218,16 @@ impl Target {
             Keep::MariaDb(s) => vec![s.process()],
             Keep::Redis(v) => v.iter().map(RedisServer::process).collect(),
             Keep::Etcd(s) => vec![s.process()],
+            Keep::EtcdCluster(c) => c.members().iter().map(|m| m.process()).collect(),
             Keep::Zk(s) => vec![s.process()],
+            // The leader first, so a scenario that takes members away
+            // starts with the one whose loss forces an election.
+            Keep::ZkEnsemble(e) => {
+                let leader = e.leader().map(|l| l.id());
+                let mut members: Vec<_> = e.members().iter().collect();
+                members.sort_by_key(|m| Some(m.id()) != leader);
+                members.into_iter().map(|m| m.process()).collect()
+            }
         }
     }
 
@@ -197,7 +239,9 @@ impl Target {
             Keep::MariaDb(s) => vec![s.addr()],
             Keep::Redis(v) => v.iter().map(RedisServer::addr).collect(),
             Keep::Etcd(s) => vec![s.addr()],
+            Keep::EtcdCluster(c) => c.members().iter().map(|m| m.addr()).collect(),
             Keep::Zk(s) => vec![s.addr()],
+            Keep::ZkEnsemble(e) => e.members().iter().map(|m| m.addr()).collect(),
         }
     }
 
