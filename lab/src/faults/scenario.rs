@@ -8,11 +8,11 @@
 //! the register's events into an [`Observation`].
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use lock_core::Guarantees;
+use lock_core::{ExpiryClock, Guarantees};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use testkit::register::{report, Event, EventKind, Register};
@@ -45,6 +45,8 @@ pub enum Kind {
     /// A majority of the servers killed and restarted at once, on what
     /// they had persisted.
     MajorityRestart,
+    /// The wall clock that judges expiry steps forward past the TTL.
+    ClockStep,
 }
 
 /// One scenario of the suite.
@@ -61,7 +63,7 @@ pub struct Scenario {
 }
 
 /// Every scenario, in table order.
-pub const SCENARIOS: [Scenario; 10] = [
+pub const SCENARIOS: [Scenario; 11] = [
     Scenario {
         id: "client-pause",
         title: "client paused past the TTL (SIGSTOP, GC pause)",
@@ -123,7 +125,17 @@ pub const SCENARIOS: [Scenario; 10] = [
         quick: false,
         kind: Kind::MajorityRestart,
     },
+    Scenario {
+        id: "clock-step",
+        title: "the expiry-judging wall clock stepped forward past the TTL",
+        quick: false,
+        kind: Kind::ClockStep,
+    },
 ];
+
+/// libfaketime, which steps the clock of the processes it is preloaded
+/// into (Debian's `faketime` package).
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 impl Scenario {
     /// `Err(why)` when the scenario cannot apply to `target`.
@@ -146,6 +158,20 @@ impl Scenario {
                 Err("fewer than three servers".into())
             }
             Kind::MinorityLoss | Kind::MajorityRestart => Ok(()),
+            Kind::ClockStep => match target.guarantees().expiry_clock {
+                // The clients' own clock: libfaketime steps it.
+                ExpiryClock::ClientHost if Path::new(LIBFAKETIME).exists() => Ok(()),
+                ExpiryClock::ClientHost => Err(format!("{LIBFAKETIME} is not installed")),
+                ExpiryClock::Server => Err(
+                    "the server's wall clock judges expiry: needs the server under a faked \
+                     clock, not done by this run"
+                        .into(),
+                ),
+                _ => Err(
+                    "no wall clock judges expiry (a monotonic lease timer): nothing a step moves"
+                        .into(),
+                ),
+            },
         }
     }
 
@@ -216,6 +242,8 @@ pub struct Ctx<'a> {
     clients: Vec<ClientProc>,
     /// The holder's proxies (one per server), for the network faults.
     proxies: Vec<Proxy>,
+    /// When set, clients start under libfaketime reading this file.
+    clock_file: Option<PathBuf>,
 }
 
 /// Time allowed for a client process to start, connect and be granted a
@@ -242,6 +270,7 @@ impl<'a> Ctx<'a> {
             name: format!("polylock-compare-{run:08x}/{}", scenario.id),
             clients: Vec::new(),
             proxies: Vec::new(),
+            clock_file: None,
         })
     }
 
@@ -275,7 +304,16 @@ impl<'a> Ctx<'a> {
             self.scenario
         ));
         let log = File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
-        let child = Command::new(self.exe)
+        let mut cmd = Command::new(self.exe);
+        if let Some(file) = &self.clock_file {
+            cmd.env("LD_PRELOAD", LIBFAKETIME)
+                .env("FAKETIME_TIMESTAMP_FILE", file)
+                .env("FAKETIME_NO_CACHE", "1")
+                // Leases and tokio's timers run on the monotonic clock,
+                // which a wall-clock step leaves alone.
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        let child = cmd
             .arg("client")
             .args(["--name", &self.name])
             .args(["--ttl", &format!("{}ms", self.ttl().as_millis())])
@@ -401,6 +439,26 @@ impl<'a> Ctx<'a> {
         let url = self.target.url_through(&pairs);
         self.spawn_with_url("a", hold, 1, &url)?;
         self.wait_waiter().await
+    }
+
+    /// Makes the clients started from now on read their wall clock through
+    /// libfaketime, at no offset until [`step_clock`](Ctx::step_clock).
+    pub fn fake_clock(&mut self) -> Result<(), String> {
+        let file = self.log_dir.join(format!(
+            "{}-{}-faketime",
+            self.target.label(),
+            self.scenario
+        ));
+        std::fs::write(&file, "+0\n").map_err(|e| format!("{}: {e}", file.display()))?;
+        self.clock_file = Some(file);
+        Ok(())
+    }
+
+    /// Steps the faked wall clock of the clients by `by` (forward).
+    pub fn step_clock(&self, by: Duration) -> Result<(), String> {
+        let file = self.clock_file.as_ref().ok_or("the clock is not faked")?;
+        std::fs::write(file, format!("+{}\n", by.as_secs()))
+            .map_err(|e| format!("{}: {e}", file.display()))
     }
 
     /// Sets what the holder's proxies do with its traffic.
@@ -607,6 +665,18 @@ pub async fn run(scenario: &Scenario, ctx: &mut Ctx<'_>) -> Result<Window, Strin
             Ok(Window {
                 fault_start,
                 fault_end,
+            })
+        }
+        Kind::ClockStep => {
+            ctx.fake_clock()?;
+            ctx.holder_and_waiter(ttl * 3).await?;
+            let fault_start = ctx.register.mark("step the clients' wall clock forward");
+            ctx.step_clock(ttl * 3 + Duration::from_secs(1))?;
+            ctx.wait_release("a", recovery).await?;
+            ctx.wait_release("b", recovery).await?;
+            Ok(Window {
+                fault_start,
+                fault_end: fault_start,
             })
         }
         Kind::ForcedRelease => {
