@@ -68,6 +68,16 @@ pub fn check(
             ),
         );
     }
+    if obs.lost_before_release {
+        push(
+            "release after lost() reports Lost".into(),
+            obs.release.as_deref() == Some("lost"),
+            format!(
+                "release reported {}",
+                obs.release.as_deref().unwrap_or("nothing")
+            ),
+        );
+    }
     match scenario.kind {
         Kind::ClientPause => {
             push(
@@ -241,6 +251,22 @@ mod tests {
         assert!(check("x", &g, pause, &obs, Duration::from_secs(2))
             .iter()
             .any(|c| !c.ok));
+    }
+
+    #[test]
+    fn a_release_error_after_the_lost_signal_contradicts_the_release_contract() {
+        let blackhole = SCENARIOS.iter().find(|s| s.kind == Kind::Blackhole).unwrap();
+        let obs = Observation {
+            lost_before_release: true,
+            release: Some("error".into()),
+            lost_vs_deadline_ms: Some(0),
+            ..Observation::default()
+        };
+        let checks = check("x", &strict(), blackhole, &obs, Duration::from_secs(2));
+        assert!(
+            checks.iter().any(|c| !c.ok && c.claim.starts_with("release after lost()")),
+            "{checks:?}"
+        );
     }
 
     #[test]

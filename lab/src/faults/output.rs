@@ -104,6 +104,13 @@ highest it has accepted. In each cell:
   fault's end, for faults that last).
 - **release**: what `a`'s `release()` reported.
 
+Columns are deployments of the backends in the declared table: `redis-aof`
+is the redis backend on a server with `appendfsync always`, `etcd-cluster`
+and `zookeeper-ensemble` are three-member groups, `redlock` runs on five
+independent servers. \"n/a\" says why a scenario cannot apply. Clients ask
+for a 2 s TTL (5 s where the row says so; etcd's and ZooKeeper's grants are
+rounded as the declared table says).
+
 ";
 
 fn secs(ms: u64) -> String {
@@ -421,6 +428,7 @@ fn observation_json(o: &Observation) -> Value {
         "fault_to_next_grant_ms": o.fault_to_grant_ms,
         "fault_end_to_next_grant_ms": o.fault_end_to_grant_ms,
         "release": o.release,
+        "lost_before_release": o.lost_before_release,
         "granted_ttl_ms": o.granted_ttl_ms,
     })
 }

@@ -733,6 +733,8 @@ pub struct Observation {
     pub fault_end_to_grant_ms: Option<i64>,
     /// What `a`'s release reported (`ok`, `lost`, `error`; none if killed).
     pub release: Option<String>,
+    /// `a`'s lost signal fired before it released.
+    pub lost_before_release: bool,
     /// The TTL `a` was granted, ms.
     pub granted_ttl_ms: Option<u64>,
 }
@@ -787,9 +789,17 @@ pub fn analyse(events: &[Event], window: Window) -> Observation {
     };
     let lost = first("a", &|k| *k == EventKind::Lost);
     let grant = first("b", &|k| matches!(k, EventKind::Grant(_)));
-    let release = events.iter().find_map(|e| match &e.kind {
-        EventKind::Release(o) if e.client == "a" => Some(o.clone()),
+    let released = events
+        .iter()
+        .find(|e| e.client == "a" && matches!(e.kind, EventKind::Release(_)));
+    let release = released.and_then(|e| match &e.kind {
+        EventKind::Release(o) => Some(o.clone()),
         _ => None,
+    });
+    let lost_before_release = released.is_some_and(|r| {
+        events
+            .iter()
+            .any(|e| e.client == "a" && e.kind == EventKind::Lost && e.at < r.at)
     });
     Observation {
         overlaps: r.overlaps.len() - told,
@@ -804,6 +814,7 @@ pub fn analyse(events: &[Event], window: Window) -> Observation {
         fault_to_grant_ms: grant.map(|t| ms(t - window.fault_start)),
         fault_end_to_grant_ms: grant.map(|t| signed_ms(t, window.fault_end)),
         release,
+        lost_before_release,
         granted_ttl_ms: note_value(events, "a", "ttl_ms"),
     }
 }
@@ -866,6 +877,7 @@ mod tests {
         assert_eq!(o.fault_to_grant_ms, Some(2000));
         assert_eq!(o.fault_end_to_grant_ms, Some(-900));
         assert_eq!(o.release.as_deref(), Some("lost"));
+        assert!(o.lost_before_release);
         assert_eq!(o.granted_ttl_ms, Some(2000));
 
         // The same overlap after a was told it lost the lock is the client's
