@@ -19,6 +19,10 @@ pub struct Check {
     pub claim: String,
     /// Whether the observation confirms it.
     pub ok: bool,
+    /// Whether the run could judge it: a claim the fault did not exercise
+    /// (a restart that outlasted the lease) is listed, neither confirmed
+    /// nor counted as contradicted.
+    pub judged: bool,
     /// What was observed.
     pub detail: String,
 }
@@ -44,13 +48,15 @@ pub fn check(
     obs: &Observation,
     ttl: Duration,
 ) -> Vec<Check> {
-    let mut out = Vec::new();
+    let mut checks = Vec::new();
+    let mut unjudged: Option<&str> = None;
     let mut push = |claim: String, ok: bool, detail: String| {
-        out.push(Check {
+        checks.push(Check {
             backend,
             scenario: scenario.id,
             claim,
             ok,
+            judged: true,
             detail,
         })
     };
@@ -118,16 +124,30 @@ pub fn check(
                 obs.overlaps == 0,
                 format!("{} overlaps", obs.overlaps),
             );
+            // The holder renews every third of the TTL, so a server that
+            // is down for more than two thirds of it may outlast the lease
+            // on any backend: the claim is about the data, which only a
+            // shorter restart can show.
+            let down = obs.fault_end_ms.saturating_sub(obs.fault_start_ms);
+            let judged = u128::from(down) < ttl.as_millis() * 2 / 3;
             push(
                 "survives server restart: the holder keeps its lock".into(),
                 obs.fault_to_lost_ms.is_none() && obs.release.as_deref() == Some("ok"),
                 format!(
-                    "lost signal {}, release reported {}",
+                    "server down {down} ms; lost signal {}, release reported {}{}",
                     obs.fault_to_lost_ms
                         .map_or_else(|| "never".to_owned(), |t| format!("after {t} ms")),
-                    obs.release.as_deref().unwrap_or("nothing")
+                    obs.release.as_deref().unwrap_or("nothing"),
+                    if judged {
+                        ""
+                    } else {
+                        "; not judged: the restart outlasted two thirds of the TTL"
+                    }
                 ),
             );
+            if !judged {
+                unjudged = Some("survives server restart: the holder keeps its lock");
+            }
             push(
                 "survives server restart: the lock is granted again".into(),
                 obs.fault_to_grant_ms.is_some(),
@@ -195,7 +215,12 @@ pub fn check(
             );
         }
     }
-    out
+    for c in &mut checks {
+        if unjudged == Some(c.claim.as_str()) {
+            c.judged = false;
+        }
+    }
+    checks
 }
 
 #[cfg(test)]
@@ -255,7 +280,10 @@ mod tests {
 
     #[test]
     fn a_release_error_after_the_lost_signal_contradicts_the_release_contract() {
-        let blackhole = SCENARIOS.iter().find(|s| s.kind == Kind::Blackhole).unwrap();
+        let blackhole = SCENARIOS
+            .iter()
+            .find(|s| s.kind == Kind::Blackhole)
+            .unwrap();
         let obs = Observation {
             lost_before_release: true,
             release: Some("error".into()),
@@ -264,9 +292,42 @@ mod tests {
         };
         let checks = check("x", &strict(), blackhole, &obs, Duration::from_secs(2));
         assert!(
-            checks.iter().any(|c| !c.ok && c.claim.starts_with("release after lost()")),
+            checks
+                .iter()
+                .any(|c| !c.ok && c.claim.starts_with("release after lost()")),
             "{checks:?}"
         );
+    }
+
+    #[test]
+    fn a_holder_that_loses_its_lock_across_a_short_restart_contradicts_survival() {
+        let restart = SCENARIOS
+            .iter()
+            .find(|s| s.kind == Kind::ServerRestart)
+            .unwrap();
+        let ttl = Duration::from_secs(10);
+        let lost = |down_ms: u64| Observation {
+            fault_start_ms: 100,
+            fault_end_ms: 100 + down_ms,
+            fault_to_lost_ms: Some(9_000),
+            release: Some("lost".into()),
+            lost_before_release: true,
+            fault_to_grant_ms: Some(10_000),
+            ..Observation::default()
+        };
+        let short = check("x", &strict(), restart, &lost(1_500), ttl);
+        assert!(
+            short
+                .iter()
+                .any(|c| c.judged && !c.ok && c.claim.contains("keeps its lock")),
+            "{short:?}"
+        );
+        let long = check("x", &strict(), restart, &lost(9_000), ttl);
+        let keeps = long
+            .iter()
+            .find(|c| c.claim.contains("keeps its lock"))
+            .unwrap();
+        assert!(!keeps.judged, "{keeps:?}");
     }
 
     #[test]

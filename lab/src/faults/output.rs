@@ -171,7 +171,7 @@ fn cell_text(cell: &Cell) -> String {
                     timeline_file(cell.backend)
                 ));
             }
-            if cell.checks.iter().any(|c| !c.ok) {
+            if cell.checks.iter().any(|c| c.judged && !c.ok) {
                 parts.push("**claim contradicted**".into());
             }
             parts.join("<br>")
@@ -397,7 +397,9 @@ pub fn raw_json(report: &Report, stamp: &str) -> Value {
                 "checks".into(),
                 c.checks
                     .iter()
-                    .map(|k| json!({ "claim": k.claim, "ok": k.ok, "observed": k.detail }))
+                    .map(|k| {
+                        json!({ "claim": k.claim, "ok": k.ok, "judged": k.judged, "observed": k.detail })
+                    })
                     .collect(),
             );
             m.insert("events".into(), c.events.iter().map(event_json).collect());

@@ -78,7 +78,7 @@ pub const SCENARIOS: [Scenario; 11] = [
     },
     Scenario {
         id: "server-restart",
-        title: "server killed and restarted on its data (TTL 5 s)",
+        title: "server killed and restarted on its data (TTL 10 s)",
         quick: true,
         kind: Kind::ServerRestart,
     },
@@ -121,7 +121,7 @@ pub const SCENARIOS: [Scenario; 11] = [
     },
     Scenario {
         id: "majority-restart",
-        title: "a majority of the servers killed and restarted at once (TTL 5 s)",
+        title: "a majority of the servers killed and restarted at once (TTL 10 s)",
         quick: false,
         kind: Kind::MajorityRestart,
     },
@@ -177,8 +177,8 @@ impl Scenario {
 
     /// The TTL the clients ask for: the target's, except across a server
     /// restart, which must fit in the lease for "survives restart" to be
-    /// testable on a loaded machine (a database's crash recovery takes
-    /// seconds).
+    /// testable on a loaded machine (crash recovery, or three JVMs electing
+    /// a leader, take seconds).
     pub fn ttl(&self, target: &Target) -> Duration {
         match self.kind {
             Kind::ServerRestart | Kind::MajorityRestart => {
@@ -561,7 +561,7 @@ pub async fn run(scenario: &Scenario, ctx: &mut Ctx<'_>) -> Result<Window, Strin
             })
         }
         Kind::ServerRestart => {
-            ctx.holder_and_waiter(ttl * 2).await?;
+            ctx.holder_and_waiter(ttl * 3 / 2).await?;
             let fault_start = ctx.register.mark("kill the server (SIGKILL)");
             let restarted = restart_together(&ctx.servers());
             let fault_end = ctx.register.mark("server restarted and ready");
@@ -644,7 +644,7 @@ pub async fn run(scenario: &Scenario, ctx: &mut Ctx<'_>) -> Result<Window, Strin
             })
         }
         Kind::MajorityRestart => {
-            ctx.holder_and_waiter(ttl * 2).await?;
+            ctx.holder_and_waiter(ttl * 3 / 2).await?;
             let n = ctx.servers().len();
             let fault_start = ctx
                 .register
@@ -737,6 +737,10 @@ pub struct Observation {
     pub lost_before_release: bool,
     /// The TTL `a` was granted, ms.
     pub granted_ttl_ms: Option<u64>,
+    /// The fault's start on the register's clock, ms.
+    pub fault_start_ms: u64,
+    /// The fault's end on the register's clock, ms.
+    pub fault_end_ms: u64,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -816,6 +820,8 @@ pub fn analyse(events: &[Event], window: Window) -> Observation {
         release,
         lost_before_release,
         granted_ttl_ms: note_value(events, "a", "ttl_ms"),
+        fault_start_ms: ms(window.fault_start),
+        fault_end_ms: ms(window.fault_end),
     }
 }
 
