@@ -279,10 +279,17 @@ pub fn markdown(report: &Report, stamp: &str) -> String {
     md += "\n### Claims check\n\n";
     let errors = report.errors();
     if errors.is_empty() {
-        let n: usize = report.cells.iter().map(|c| c.checks.len()).sum();
+        let checks = report.cells.iter().flat_map(|c| &c.checks);
+        let n = checks.clone().filter(|k| k.judged).count();
+        let unjudged = checks.filter(|k| !k.judged).count();
         let _ = writeln!(
             md,
-            "All {n} checks of declared claims against the runs passed:\n"
+            "All {n} judged checks of declared claims against the runs passed{}:\n",
+            if unjudged == 0 {
+                String::new()
+            } else {
+                format!(" ({unjudged} not judged: the fault did not exercise the claim)")
+            }
         );
     } else {
         let _ = writeln!(md, "**{} errors** — the run failed:\n", errors.len());
