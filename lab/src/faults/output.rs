@@ -308,10 +308,10 @@ pub fn markdown(report: &Report, stamp: &str) -> String {
                 k.scenario,
                 k.claim,
                 k.detail,
-                if k.ok {
-                    "confirmed"
-                } else {
-                    "**contradicted**"
+                match (k.judged, k.ok) {
+                    (false, _) => "not judged",
+                    (true, true) => "confirmed",
+                    (true, false) => "**contradicted**",
                 }
             );
         }
@@ -503,7 +503,7 @@ pub fn timeline_svg(cell: &Cell, window: Window) -> String {
     // The pause.
     let _ = writeln!(
         svg,
-        "<rect x=\"{:.1}\" y=\"45\" width=\"{:.1}\" height=\"50\" fill=\"#ddd\"/><text x=\"{:.1}\" y=\"42\">a stopped (SIGSTOP … SIGCONT)</text>",
+        "<rect x=\"{:.1}\" y=\"45\" width=\"{:.1}\" height=\"50\" fill=\"#ddd\"/><text x=\"{:.1}\" y=\"34\">a stopped (SIGSTOP … SIGCONT)</text>",
         x(window.fault_start),
         (x(window.fault_end) - x(window.fault_start)).max(1.0),
         x(window.fault_start)
@@ -589,6 +589,52 @@ pub fn timeline_svg(cell: &Cell, window: Window) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::faults::claims::Check;
+    use crate::faults::run::BackendInfo;
+    use crate::faults::scenario::SCENARIOS;
+
+    #[test]
+    fn a_check_the_fault_did_not_exercise_is_listed_as_not_judged() {
+        let scenario = SCENARIOS[2];
+        let check = Check {
+            backend: "x",
+            scenario: scenario.id,
+            claim: "survives server restart: the holder keeps its lock".into(),
+            ok: false,
+            judged: false,
+            detail: "server down 17000 ms".into(),
+        };
+        let report = Report {
+            quick: false,
+            backends: vec![BackendInfo {
+                label: "x",
+                server_version: "x 1".into(),
+                guarantees: lock_core::Guarantees::new("x"),
+                ttl: Duration::from_secs(10),
+            }],
+            scenarios: vec![scenario],
+            cells: vec![Cell {
+                backend: "x",
+                scenario,
+                outcome: Outcome::Observed(
+                    Observation::default(),
+                    Window {
+                        fault_start: Duration::ZERO,
+                        fault_end: Duration::from_secs(17),
+                    },
+                ),
+                events: Vec::new(),
+                checks: vec![check],
+                elapsed: Duration::ZERO,
+            }],
+            elapsed: Duration::ZERO,
+        };
+        assert!(report.errors().is_empty());
+        let md = markdown(&report, "2026-12-01T00:00:00Z");
+        assert!(md.contains("| not judged |"), "{md}");
+        assert!(!md.contains("contradicted**"), "{md}");
+        assert!(md.contains("1 not judged"), "{md}");
+    }
 
     #[test]
     fn utc_stamps_are_calendar_dates() {
