@@ -343,6 +343,15 @@ impl Held {
         let result = self.backend.release(&lease).instrument(span).await;
         observe::released(self.backend_name);
         match result {
+            // The loss is what the caller must hear about (its critical
+            // section may have overlapped another holder's), also when the
+            // release could not reach the server to clean up.
+            Err(e) if was_lost => {
+                tracing::debug!(error = %e, "polylock: release after a loss failed");
+                Err(LockError::Lost {
+                    name: lease.name().to_string(),
+                })
+            }
             Ok(()) if was_lost => Err(LockError::Lost {
                 name: lease.name().to_string(),
             }),

@@ -29,6 +29,8 @@ struct Probe {
     permanent_acquire_failure: Arc<AtomicBool>,
     /// The next renewal never answers.
     hang_next_renew: Arc<AtomicBool>,
+    /// Releases fail with a retryable error (the server is unreachable).
+    fail_release: Arc<AtomicBool>,
     renews: Arc<AtomicUsize>,
 }
 
@@ -70,6 +72,9 @@ impl LockBackend for Probe {
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
         if self.hang_release.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
+        }
+        if self.fail_release.load(Ordering::SeqCst) {
+            return Err(LockError::transient("probe", "no answer within 5s"));
         }
         self.inner.release(lease).await
     }
@@ -350,6 +355,31 @@ async fn a_failed_renewal_by_hand_leaves_the_lease_held_until_its_deadline() {
 }
 
 // ---- item 4: Lost from the backend reaches the caller ----
+
+/// Found by the fault suite (a holder whose link was blackholed): once
+/// `lost()` has fired, `release()` must say Lost, also when the release
+/// itself cannot reach the server — the caller needs to know its critical
+/// section may have overlapped another holder's, not that a network call
+/// failed.
+#[tokio::test]
+async fn release_after_a_loss_says_lost_even_when_the_server_is_unreachable() {
+    let backend = Probe::default();
+    let guard = Locker::new(backend.clone())
+        .lock("unreachable")
+        .ttl(Duration::from_millis(600))
+        .acquire()
+        .await
+        .unwrap();
+    backend
+        .fail_renew_before_deadline
+        .store(true, Ordering::SeqCst);
+    backend.fail_release.store(true, Ordering::SeqCst);
+    timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("renewals failing until the deadline fire lost()");
+    let r = guard.release().await;
+    assert!(matches!(&r, Err(e) if e.is_lost()), "{r:?}");
+}
 
 #[tokio::test]
 async fn release_run_and_with_lock_report_a_takeover_as_lost() {

@@ -60,18 +60,7 @@ struct Args {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (n, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or((s, "s"), |i| s.split_at(i));
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration like 5s or 800ms"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("`{s}`: the unit must be ms, s or m")),
-    }
+    polylock_lab::duration_arg(s)
 }
 
 /// The command that reproduces this run, for the report: the arguments

@@ -1,0 +1,355 @@
+//! The claims check: each backend's declared guarantees against what the
+//! runs observed. A contradicted claim is an error in the output and makes
+//! `polylock-compare` exit non-zero.
+
+use std::time::Duration;
+
+use lock_core::{FencingGuarantee, Guarantees};
+
+use super::scenario::{Kind, Observation, Scenario};
+
+/// One claim compared with one observation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Check {
+    /// The backend.
+    pub backend: &'static str,
+    /// The scenario id.
+    pub scenario: &'static str,
+    /// The claim, in words.
+    pub claim: String,
+    /// Whether the observation confirms it.
+    pub ok: bool,
+    /// Whether the run could judge it: a claim the fault did not exercise
+    /// (a restart that outlasted the lease) is listed, neither confirmed
+    /// nor counted as contradicted.
+    pub judged: bool,
+    /// What was observed.
+    pub detail: String,
+}
+
+/// How late a crashed holder's lock may come free past its TTL and still
+/// count as "at the TTL" on a loaded two-core machine.
+fn expiry_slack(ttl: Duration) -> Duration {
+    ttl.max(Duration::from_secs(5))
+}
+
+fn grant_detail(obs: &Observation) -> String {
+    obs.fault_to_grant_ms.map_or_else(
+        || "no next grant".to_owned(),
+        |t| format!("next grant {t} ms after the fault"),
+    )
+}
+
+/// The checks of one observation. `ttl` is the TTL the clients asked for.
+pub fn check(
+    backend: &'static str,
+    g: &Guarantees,
+    scenario: &Scenario,
+    obs: &Observation,
+    ttl: Duration,
+) -> Vec<Check> {
+    let mut checks = Vec::new();
+    let mut unjudged: Option<&str> = None;
+    let mut push = |claim: String, ok: bool, detail: String| {
+        checks.push(Check {
+            backend,
+            scenario: scenario.id,
+            claim,
+            ok,
+            judged: true,
+            detail,
+        })
+    };
+    let fencing_holds = match g.fencing {
+        FencingGuarantee::Strict => true,
+        _ => !scenario.may_lose_data(g),
+    };
+    if fencing_holds {
+        push(
+            "fencing: no stale write accepted, tokens strictly increasing".into(),
+            obs.stale_accepted == 0 && obs.token_order_violations == 0,
+            format!(
+                "{} stale accepted, {} token-order violations",
+                obs.stale_accepted, obs.token_order_violations
+            ),
+        );
+    }
+    if obs.lost_before_release {
+        push(
+            "release after lost() reports Lost".into(),
+            obs.release.as_deref() == Some("lost"),
+            format!(
+                "release reported {}",
+                obs.release.as_deref().unwrap_or("nothing")
+            ),
+        );
+    }
+    match scenario.kind {
+        Kind::ClientPause => {
+            push(
+                "fencing stops the paused holder's late write".into(),
+                obs.stale_rejected >= 1,
+                format!("{} stale writes rejected", obs.stale_rejected),
+            );
+            push(
+                "release reports a lease lost during the pause".into(),
+                obs.release.as_deref() == Some("lost"),
+                format!(
+                    "release reported {}",
+                    obs.release.as_deref().unwrap_or("nothing")
+                ),
+            );
+        }
+        Kind::ClientKill => {
+            push(
+                "a killed holder never overlaps the next one".into(),
+                obs.overlaps == 0,
+                format!("{} overlaps", obs.overlaps),
+            );
+            let limit = ttl + expiry_slack(ttl);
+            push(
+                format!(
+                    "a killed holder's lock comes free by its TTL ({} ms, + {} ms slack)",
+                    ttl.as_millis(),
+                    expiry_slack(ttl).as_millis()
+                ),
+                obs.fault_to_grant_ms
+                    .is_some_and(|t| u128::from(t) <= limit.as_millis()),
+                grant_detail(obs),
+            );
+        }
+        Kind::ServerRestart | Kind::MajorityRestart if g.survives_restart => {
+            push(
+                "survives server restart: no overlapping holders".into(),
+                obs.overlaps == 0,
+                format!("{} overlaps", obs.overlaps),
+            );
+            // The holder renews every third of the TTL, so a server that
+            // is down for more than two thirds of it may outlast the lease
+            // on any backend: the claim is about the data, which only a
+            // shorter restart can show.
+            let down = obs.fault_end_ms.saturating_sub(obs.fault_start_ms);
+            let judged = u128::from(down) < ttl.as_millis() * 2 / 3;
+            push(
+                "survives server restart: the holder keeps its lock".into(),
+                obs.fault_to_lost_ms.is_none() && obs.release.as_deref() == Some("ok"),
+                format!(
+                    "server down {down} ms; lost signal {}, release reported {}{}",
+                    obs.fault_to_lost_ms
+                        .map_or_else(|| "never".to_owned(), |t| format!("after {t} ms")),
+                    obs.release.as_deref().unwrap_or("nothing"),
+                    if judged {
+                        ""
+                    } else {
+                        "; not judged: the restart outlasted two thirds of the TTL"
+                    }
+                ),
+            );
+            if !judged {
+                unjudged = Some("survives server restart: the holder keeps its lock");
+            }
+            push(
+                "survives server restart: the lock is granted again".into(),
+                obs.fault_to_grant_ms.is_some(),
+                grant_detail(obs),
+            );
+        }
+        Kind::ServerRestart | Kind::MajorityRestart => {}
+        Kind::MinorityLoss => {
+            push(
+                "losing a minority of the servers lets no second holder in".into(),
+                obs.overlaps == 0,
+                format!("{} overlaps", obs.overlaps),
+            );
+        }
+        Kind::ServerPause => {
+            push(
+                "a paused server lets no second holder in while the first believes it holds".into(),
+                obs.overlaps == 0,
+                format!("{} overlaps", obs.overlaps),
+            );
+        }
+        Kind::Blackhole | Kind::Latency => {
+            push(
+                "the holder is told by its local deadline, before anyone else is let in".into(),
+                obs.overlaps == 0,
+                format!("{} overlaps", obs.overlaps),
+            );
+            let slack = (ttl / 4).max(Duration::from_millis(500));
+            push(
+                format!(
+                    "lost() fires at the local deadline at the latest (+ {} ms slack)",
+                    slack.as_millis()
+                ),
+                // Under latency alone the renewals may keep up: no signal
+                // is then fine; a silent link must end in one.
+                obs.lost_vs_deadline_ms
+                    .map_or(scenario.kind == Kind::Latency, |d| {
+                        i128::from(d) <= i128::try_from(slack.as_millis()).unwrap_or(i128::MAX)
+                    }),
+                obs.lost_vs_deadline_ms.map_or_else(
+                    || "no lost signal".to_owned(),
+                    |d| format!("lost() {d:+} ms against the deadline"),
+                ),
+            );
+        }
+        Kind::Reset => {
+            push(
+                "a reset connection lets no second holder in while the first believes it holds"
+                    .into(),
+                obs.overlaps == 0,
+                format!("{} overlaps", obs.overlaps),
+            );
+        }
+        // The declared table names a forward step as what expires leases
+        // early: only fencing is claimed, and checked above.
+        Kind::ClockStep => {}
+        Kind::ForcedRelease => {
+            push(
+                "after a forced release the old holder's writes are fenced off".into(),
+                obs.stale_accepted == 0,
+                format!(
+                    "{} stale accepted, {} rejected",
+                    obs.stale_accepted, obs.stale_rejected
+                ),
+            );
+        }
+    }
+    for c in &mut checks {
+        if unjudged == Some(c.claim.as_str()) {
+            c.judged = false;
+        }
+    }
+    checks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::faults::scenario::SCENARIOS;
+
+    fn strict() -> Guarantees {
+        let mut g = Guarantees::new("x");
+        g.fencing = FencingGuarantee::Strict;
+        g.survives_restart = true;
+        g
+    }
+
+    #[test]
+    fn a_stale_write_accepted_contradicts_strict_fencing_in_every_scenario() {
+        let obs = Observation {
+            stale_accepted: 1,
+            ..Observation::default()
+        };
+        for s in &SCENARIOS {
+            let checks = check("x", &strict(), s, &obs, Duration::from_secs(2));
+            assert!(
+                checks
+                    .iter()
+                    .any(|c| !c.ok && c.claim.starts_with("fencing")),
+                "{}: {checks:?}",
+                s.id
+            );
+        }
+    }
+
+    #[test]
+    fn fencing_unless_data_loss_is_not_checked_across_a_restart_that_loses_data() {
+        let mut g = Guarantees::new("x");
+        g.fencing = FencingGuarantee::UnlessDataLoss("restart");
+        let obs = Observation {
+            stale_accepted: 1,
+            token_order_violations: 1,
+            ..Observation::default()
+        };
+        let restart = SCENARIOS
+            .iter()
+            .find(|s| s.kind == Kind::ServerRestart)
+            .unwrap();
+        assert!(check("x", &g, restart, &obs, Duration::from_secs(2))
+            .iter()
+            .all(|c| c.ok));
+        let pause = SCENARIOS
+            .iter()
+            .find(|s| s.kind == Kind::ClientPause)
+            .unwrap();
+        assert!(check("x", &g, pause, &obs, Duration::from_secs(2))
+            .iter()
+            .any(|c| !c.ok));
+    }
+
+    #[test]
+    fn a_release_error_after_the_lost_signal_contradicts_the_release_contract() {
+        let blackhole = SCENARIOS
+            .iter()
+            .find(|s| s.kind == Kind::Blackhole)
+            .unwrap();
+        let obs = Observation {
+            lost_before_release: true,
+            release: Some("error".into()),
+            lost_vs_deadline_ms: Some(0),
+            ..Observation::default()
+        };
+        let checks = check("x", &strict(), blackhole, &obs, Duration::from_secs(2));
+        assert!(
+            checks
+                .iter()
+                .any(|c| !c.ok && c.claim.starts_with("release after lost()")),
+            "{checks:?}"
+        );
+    }
+
+    #[test]
+    fn a_holder_that_loses_its_lock_across_a_short_restart_contradicts_survival() {
+        let restart = SCENARIOS
+            .iter()
+            .find(|s| s.kind == Kind::ServerRestart)
+            .unwrap();
+        let ttl = Duration::from_secs(10);
+        let lost = |down_ms: u64| Observation {
+            fault_start_ms: 100,
+            fault_end_ms: 100 + down_ms,
+            fault_to_lost_ms: Some(9_000),
+            release: Some("lost".into()),
+            lost_before_release: true,
+            fault_to_grant_ms: Some(10_000),
+            ..Observation::default()
+        };
+        let short = check("x", &strict(), restart, &lost(1_500), ttl);
+        assert!(
+            short
+                .iter()
+                .any(|c| c.judged && !c.ok && c.claim.contains("keeps its lock")),
+            "{short:?}"
+        );
+        let long = check("x", &strict(), restart, &lost(9_000), ttl);
+        let keeps = long
+            .iter()
+            .find(|c| c.claim.contains("keeps its lock"))
+            .unwrap();
+        assert!(!keeps.judged, "{keeps:?}");
+    }
+
+    #[test]
+    fn a_lock_freed_long_after_the_ttl_contradicts_expiry() {
+        let kill = SCENARIOS
+            .iter()
+            .find(|s| s.kind == Kind::ClientKill)
+            .unwrap();
+        let late = Observation {
+            fault_to_grant_ms: Some(60_000),
+            ..Observation::default()
+        };
+        let on_time = Observation {
+            fault_to_grant_ms: Some(2_100),
+            ..Observation::default()
+        };
+        let ttl = Duration::from_secs(2);
+        assert!(check("x", &strict(), kill, &late, ttl)
+            .iter()
+            .any(|c| !c.ok));
+        assert!(check("x", &strict(), kill, &on_time, ttl)
+            .iter()
+            .all(|c| c.ok));
+    }
+}

@@ -1,0 +1,645 @@
+//! The files a run writes: docs/guarantees.md (the declared table exactly
+//! as `polylock guarantees` prints it, then the observed table and the
+//! claims check), docs/guarantees.json (the raw observations) and one SVG
+//! timeline per backend of the client-pause run. Every cell comes from the
+//! run; nothing is typed by hand.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lock_core::FencingGuarantee;
+use serde_json::{json, Value};
+use testkit::register::{Event, EventKind};
+
+use super::run::{Cell, Outcome, Report};
+use super::scenario::{Kind, Observation, Window};
+
+/// Writes guarantees.md, guarantees.json and timelines/*.svg into `dir`.
+pub fn write_all(report: &Report, dir: &Path) -> Result<Vec<std::path::PathBuf>, String> {
+    let timelines = dir.join("timelines");
+    std::fs::create_dir_all(&timelines).map_err(|e| format!("{}: {e}", timelines.display()))?;
+    let mut written = Vec::new();
+    let mut put = |path: std::path::PathBuf, text: String| -> Result<(), String> {
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        written.push(path);
+        Ok(())
+    };
+    for cell in &report.cells {
+        if let (Kind::ClientPause, Outcome::Observed(_, window)) =
+            (cell.scenario.kind, &cell.outcome)
+        {
+            put(
+                timelines.join(timeline_file(cell.backend)),
+                timeline_svg(cell, *window),
+            )?;
+        }
+    }
+    let stamp = utc_now();
+    put(dir.join("guarantees.md"), markdown(report, &stamp))?;
+    let json = serde_json::to_string_pretty(&raw_json(report, &stamp))
+        .map_err(|e| format!("encoding JSON: {e}"))?;
+    put(dir.join("guarantees.json"), json + "\n")?;
+    Ok(written)
+}
+
+fn timeline_file(backend: &str) -> String {
+    format!("{backend}-client-pause.svg")
+}
+
+const INTRO: &str = "# What each backend guarantees
+
+Two tables. The first is what each backend declares, as data
+(`LockBackend::guarantees()`), printed by `polylock guarantees` and kept in
+sync with this page by a test (`polylock/tests/guarantees.rs`); the
+conformance suite selects its cases by these fields. The second is what the
+fault suite observed when it ran the same faults against every backend with
+real servers and separate client processes; each declared claim is checked
+against those runs, and a contradicted claim fails the run.
+
+Regenerate this page, guarantees.json and the timelines with
+`cargo run --release -p polylock-lab --bin polylock-compare` (or
+`polylock compare`; `--quick` for the CI subset, `--backends redis,etcd` for
+some). Nothing below is typed by hand.
+
+How to read the declared table:
+- **fencing tokens**: hand the token to every system the critical section
+  writes to and have it reject lower tokens; \"strictly increasing\" holds
+  across restarts and failovers, the Redis caveat names the faults that break
+  it.
+- **lease expiry judged by**: whose clock lets the next holder in — the lock
+  server's wall clock, the wall clock of the client's host (SQLite runs in
+  the client process), a consensus leader's monotonic timer, or this
+  process's monotonic clock (`ExpiryClock`). polylock always ends the lease
+  locally earlier than that, on the holder's monotonic clock (`deadline =
+  sent_at + ttl·(1−drift) − margin`, measured from when the request was
+  sent), and `LockGuard::lost()` fires at that deadline at the latest.
+- **what expires leases early**: the clock faults that let the next holder
+  in while the current one still believes it holds the lock (its monotonic
+  clock does not see a wall-clock step). Fencing tokens are the defence.
+- **survives server restart / failover**: a held lock is still held, and
+  still exclusive, after the lock service restarts or fails over.
+- **smallest TTL / step**: shorter TTLs are rounded up to the smallest one,
+  others up to a multiple of the step; the lease reports the granted TTL.
+
+";
+
+const HOW_OBSERVED: &str = "## Observed
+
+Every scenario has the same cast: client process `a` holds the lock when the
+fault starts and client process `b` is already waiting for it. Both write to
+a fenced register (testkit's `Register`) that stamps every event on one
+monotonic clock and rejects a write whose fencing token is lower than the
+highest it has accepted. In each cell:
+- **overlaps**: `b` entered its critical section while `a` was inside its own
+  and had not yet been told (`lost()` had not fired) — mutual exclusion lost
+  as the application sees it. Overlaps after `a`'s lost signal are counted
+  apart (\"after lost\").
+- **stale**: `a`'s writes the fence rejected / stale writes it accepted
+  (accepted must be 0 wherever fencing is claimed); **tokens**: whether
+  grants' tokens strictly increased.
+- **lost()**: time from the fault's start to `a`'s lost signal, and that
+  signal against `a`'s local lease deadline (+ after it).
+- **next grant**: time from the fault's start to `b`'s grant (and from the
+  fault's end, for faults that last).
+- **release**: what `a`'s `release()` reported.
+
+Columns are deployments of the backends in the declared table: `redis-aof`
+is the redis backend on a server with `appendfsync always`, `etcd-cluster`
+and `zookeeper-ensemble` are three-member groups, `redlock` runs on five
+independent servers. \"n/a\" says why a scenario cannot apply. Clients ask
+for a 2 s TTL (5 s where the row says so; etcd's and ZooKeeper's grants are
+rounded as the declared table says).
+
+";
+
+fn secs(ms: u64) -> String {
+    format!("{:.1} s", ms as f64 / 1000.0)
+}
+
+fn signed_secs(ms: i64) -> String {
+    format!("{:+.1} s", ms as f64 / 1000.0)
+}
+
+fn cell_text(cell: &Cell) -> String {
+    match &cell.outcome {
+        Outcome::NotApplicable(why) => format!("n/a: {why}"),
+        Outcome::Failed(why) => format!(
+            "**did not complete**: {}",
+            why.lines().next().unwrap_or_default().replace('|', "\\|")
+        ),
+        Outcome::Observed(o, w) => {
+            let mut parts = Vec::new();
+            let mut overlaps = format!("overlaps **{}**", o.overlaps);
+            if o.overlaps_after_lost > 0 {
+                overlaps += &format!(" (+{} after lost)", o.overlaps_after_lost);
+            }
+            parts.push(overlaps);
+            parts.push(format!(
+                "stale rejected {} / accepted **{}**",
+                o.stale_rejected, o.stale_accepted
+            ));
+            parts.push(if o.token_order_violations == 0 {
+                format!("tokens increasing ({} grants)", o.grants)
+            } else {
+                format!(
+                    "tokens **out of order {}×** ({} grants)",
+                    o.token_order_violations, o.grants
+                )
+            });
+            parts.push(match (o.fault_to_lost_ms, o.lost_vs_deadline_ms) {
+                (Some(t), Some(d)) => format!("lost() {} (deadline {})", secs(t), signed_secs(d)),
+                (Some(t), None) => format!("lost() {}", secs(t)),
+                (None, _) if cell.scenario.kind == Kind::ClientKill => "lost(): killed".into(),
+                (None, _) => "lost() never".into(),
+            });
+            parts.push(match o.fault_to_grant_ms {
+                Some(t) if w.fault_end > w.fault_start => format!(
+                    "next grant {} (fault end {})",
+                    secs(t),
+                    o.fault_end_to_grant_ms.map_or("?".into(), signed_secs)
+                ),
+                Some(t) => format!("next grant {}", secs(t)),
+                None => "no next grant".into(),
+            });
+            if let Some(r) = &o.release {
+                parts.push(format!("release: {r}"));
+            }
+            if cell.scenario.kind == Kind::ClientPause {
+                parts.push(format!(
+                    "[timeline](timelines/{})",
+                    timeline_file(cell.backend)
+                ));
+            }
+            if cell.checks.iter().any(|c| c.judged && !c.ok) {
+                parts.push("**claim contradicted**".into());
+            }
+            parts.join("<br>")
+        }
+    }
+}
+
+/// Two sentences for a cell that shows a loss of mutual exclusion.
+fn explanation(o: &Observation, fenced: bool) -> String {
+    let when = o.fault_to_grant_ms.map_or_else(
+        || "during the run".to_owned(),
+        |t| format!("{} after the fault started", secs(t)),
+    );
+    let first = format!(
+        "`b` was granted the lock {when} while `a` still believed it held it (its lost signal had not fired), \
+         so {} critical section{} overlapped.",
+        o.overlaps,
+        if o.overlaps == 1 { "" } else { "s" }
+    );
+    let second = if o.stale_accepted > 0 {
+        format!(
+            "The fenced register accepted {} stale write{}, so even a resource that checks fencing tokens was overwritten by the older holder.",
+            o.stale_accepted,
+            if o.stale_accepted == 1 { "" } else { "s" }
+        )
+    } else if o.stale_rejected > 0 {
+        format!(
+            "The fenced register rejected {} late write{} of `a` and accepted none, so a resource that checks the fencing token kept its data{}; one that does not would have been overwritten.",
+            o.stale_rejected,
+            if o.stale_rejected == 1 { "" } else { "s" },
+            if fenced { "" } else { " (across this fault the backend does not promise that)" }
+        )
+    } else {
+        "No write of `a` reached the register after `b`'s, so the data stayed intact this time; only fencing tokens make that a guarantee rather than luck.".to_owned()
+    };
+    format!("{first} {second}")
+}
+
+/// guarantees.md.
+pub fn markdown(report: &Report, stamp: &str) -> String {
+    let mut md = String::from(INTRO);
+    md += "<!-- generated by `polylock guarantees`: do not edit by hand -->\n";
+    md += &polylock::guarantees_table();
+    md += "\n";
+    md += HOW_OBSERVED;
+    let _ = writeln!(
+        md,
+        "<!-- generated by `polylock-compare` on {stamp}{}: do not edit by hand -->",
+        if report.quick { " (--quick)" } else { "" }
+    );
+    md += "| scenario |";
+    for b in &report.backends {
+        let _ = write!(md, " {} |", b.label);
+    }
+    md += "\n|---|";
+    md += &"---|".repeat(report.backends.len());
+    md += "\n| server, TTL asked |";
+    for b in &report.backends {
+        let _ = write!(
+            md,
+            " {}, {} ms |",
+            b.server_version.replace('|', "\\|"),
+            b.ttl.as_millis()
+        );
+    }
+    md += "\n";
+    for s in &report.scenarios {
+        let _ = write!(md, "| {} |", s.title);
+        for b in &report.backends {
+            let text = report
+                .cell(b.label, s.id)
+                .map_or_else(|| "not run".to_owned(), cell_text);
+            let _ = write!(md, " {text} |");
+        }
+        md += "\n";
+    }
+    let losses: Vec<_> = report
+        .cells
+        .iter()
+        .filter_map(|c| match &c.outcome {
+            Outcome::Observed(o, _) if o.overlaps > 0 || o.stale_accepted > 0 => Some((c, o)),
+            _ => None,
+        })
+        .collect();
+    if !losses.is_empty() {
+        md += "\n### Where mutual exclusion was lost\n\n";
+        for (c, o) in losses {
+            let fenced = report
+                .backends
+                .iter()
+                .find(|b| b.label == c.backend)
+                .is_some_and(|b| {
+                    matches!(b.guarantees.fencing, FencingGuarantee::Strict)
+                        || !c.scenario.may_lose_data(&b.guarantees)
+                });
+            let _ = writeln!(
+                md,
+                "- **{} · {}**: {}",
+                c.backend,
+                c.scenario.title,
+                explanation(o, fenced)
+            );
+        }
+    }
+    md += "\n### Claims check\n\n";
+    let errors = report.errors();
+    if errors.is_empty() {
+        let checks = report.cells.iter().flat_map(|c| &c.checks);
+        let n = checks.clone().filter(|k| k.judged).count();
+        let unjudged = checks.filter(|k| !k.judged).count();
+        let _ = writeln!(
+            md,
+            "All {n} judged checks of declared claims against the runs passed{}:\n",
+            if unjudged == 0 {
+                String::new()
+            } else {
+                format!(" ({unjudged} not judged: the fault did not exercise the claim)")
+            }
+        );
+    } else {
+        let _ = writeln!(md, "**{} errors** — the run failed:\n", errors.len());
+        for e in &errors {
+            let _ = writeln!(md, "- ERROR: {}", e.replace('|', "\\|"));
+        }
+        md += "\n";
+    }
+    md += "| backend | scenario | claim | observed | |\n|---|---|---|---|---|\n";
+    for c in &report.cells {
+        for k in &c.checks {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} |",
+                k.backend,
+                k.scenario,
+                k.claim,
+                k.detail,
+                match (k.judged, k.ok) {
+                    (false, _) => "not judged",
+                    (true, true) => "confirmed",
+                    (true, false) => "**contradicted**",
+                }
+            );
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\nRun time: {:.0} s for {} scenario runs.",
+        report.elapsed.as_secs_f64(),
+        report.cells.len()
+    );
+    md
+}
+
+fn ms_f(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn event_json(e: &Event) -> Value {
+    let (kind, extra) = match &e.kind {
+        EventKind::Grant(t) => ("grant", json!({ "token": t })),
+        EventKind::Enter(t) => ("enter", json!({ "token": t })),
+        EventKind::Write { token, accepted } => {
+            ("write", json!({ "token": token, "accepted": accepted }))
+        }
+        EventKind::Exit => ("exit", json!({})),
+        EventKind::Lost => ("lost", json!({})),
+        EventKind::Release(o) => ("release", json!({ "outcome": o })),
+        EventKind::Died => ("died", json!({})),
+        EventKind::Note(t) => ("note", json!({ "text": t })),
+    };
+    let mut v = json!({ "at_ms": (ms_f(e.at) * 1000.0).round() / 1000.0, "client": e.client, "kind": kind });
+    if let (Value::Object(m), Value::Object(x)) = (&mut v, extra) {
+        m.extend(x);
+    }
+    v
+}
+
+/// guarantees.json: every observation with its events, stamped with the
+/// server versions and the date.
+pub fn raw_json(report: &Report, stamp: &str) -> Value {
+    let backends: Vec<Value> = report
+        .backends
+        .iter()
+        .map(|b| {
+            json!({
+                "backend": b.label,
+                "server_version": b.server_version,
+                "ttl_ms": b.ttl.as_millis() as u64,
+                "declared": {
+                    "fencing": match b.guarantees.fencing {
+                        FencingGuarantee::Strict => "strict".to_owned(),
+                        FencingGuarantee::UnlessDataLoss(why) => format!("unless data loss: {why}"),
+                        _ => "other".to_owned(),
+                    },
+                    "survives_restart": b.guarantees.survives_restart,
+                    "survives_failover": b.guarantees.survives_failover,
+                    "force_release": b.guarantees.force_release,
+                    "expiry_clock": format!("{:?}", b.guarantees.expiry_clock),
+                },
+            })
+        })
+        .collect();
+    let cells: Vec<Value> = report
+        .cells
+        .iter()
+        .map(|c| {
+            let mut v = json!({
+                "backend": c.backend,
+                "scenario": c.scenario.id,
+                "elapsed_ms": c.elapsed.as_millis() as u64,
+            });
+            let m = v.as_object_mut().expect("an object");
+            match &c.outcome {
+                Outcome::NotApplicable(why) => {
+                    m.insert("status".into(), json!("not applicable"));
+                    m.insert("reason".into(), json!(why));
+                }
+                Outcome::Failed(why) => {
+                    m.insert("status".into(), json!("failed"));
+                    m.insert("reason".into(), json!(why));
+                }
+                Outcome::Observed(o, w) => {
+                    m.insert("status".into(), json!("observed"));
+                    m.insert("fault_start_ms".into(), json!(ms_f(w.fault_start)));
+                    m.insert("fault_end_ms".into(), json!(ms_f(w.fault_end)));
+                    m.insert("observation".into(), observation_json(o));
+                }
+            }
+            m.insert(
+                "checks".into(),
+                c.checks
+                    .iter()
+                    .map(|k| {
+                        json!({ "claim": k.claim, "ok": k.ok, "judged": k.judged, "observed": k.detail })
+                    })
+                    .collect(),
+            );
+            m.insert("events".into(), c.events.iter().map(event_json).collect());
+            v
+        })
+        .collect();
+    json!({
+        "generated_at": stamp,
+        "quick": report.quick,
+        "elapsed_ms": report.elapsed.as_millis() as u64,
+        "errors": report.errors(),
+        "backends": backends,
+        "observations": cells,
+    })
+}
+
+fn observation_json(o: &Observation) -> Value {
+    json!({
+        "overlaps": o.overlaps,
+        "overlaps_after_lost": o.overlaps_after_lost,
+        "stale_rejected": o.stale_rejected,
+        "stale_accepted": o.stale_accepted,
+        "writes_accepted": o.writes_accepted,
+        "grants": o.grants,
+        "token_order_violations": o.token_order_violations,
+        "fault_to_lost_ms": o.fault_to_lost_ms,
+        "lost_vs_deadline_ms": o.lost_vs_deadline_ms,
+        "fault_to_next_grant_ms": o.fault_to_grant_ms,
+        "fault_end_to_next_grant_ms": o.fault_end_to_grant_ms,
+        "release": o.release,
+        "lost_before_release": o.lost_before_release,
+        "granted_ttl_ms": o.granted_ttl_ms,
+    })
+}
+
+/// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn utc_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    utc_stamp(secs)
+}
+
+/// `secs` since the epoch as `YYYY-MM-DDTHH:MM:SSZ` (proleptic Gregorian).
+pub fn utc_stamp(secs: u64) -> String {
+    let days = i64::try_from(secs / 86_400).unwrap_or(i64::MAX);
+    let rem = secs % 86_400;
+    // Howard Hinnant's days-to-civil.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// The client-pause run of one backend as an SVG timeline: `a`'s and `b`'s
+/// critical sections, the pause, the grants with their tokens, every write
+/// (accepted or rejected by the fence) and `a`'s lost signal.
+pub fn timeline_svg(cell: &Cell, window: Window) -> String {
+    let events: Vec<&Event> = cell
+        .events
+        .iter()
+        .filter(|e| e.client != "harness")
+        .collect();
+    let t0 = events.first().map_or(Duration::ZERO, |e| e.at);
+    let t1 = events.last().map_or(t0, |e| e.at).max(window.fault_end);
+    let span = (t1.saturating_sub(t0)).as_secs_f64().max(0.5) * 1.05;
+    let (left, width) = (70.0, 820.0);
+    let x = |t: Duration| left + (t.as_secs_f64() - t0.as_secs_f64()).max(0.0) / span * width;
+    let lane = |c: &str| if c == "a" { 70.0 } else { 150.0 };
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"920\" height=\"240\" font-family=\"sans-serif\" font-size=\"11\">\n\
+         <rect width=\"920\" height=\"240\" fill=\"white\"/>\n\
+         <text x=\"10\" y=\"18\" font-size=\"13\" font-weight=\"bold\">{}: {}</text>\n",
+        esc(cell.backend),
+        esc(cell.scenario.title)
+    );
+    // The pause.
+    let _ = writeln!(
+        svg,
+        "<rect x=\"{:.1}\" y=\"45\" width=\"{:.1}\" height=\"50\" fill=\"#ddd\"/><text x=\"{:.1}\" y=\"34\">a stopped (SIGSTOP … SIGCONT)</text>",
+        x(window.fault_start),
+        (x(window.fault_end) - x(window.fault_start)).max(1.0),
+        x(window.fault_start)
+    );
+    for c in ["a", "b"] {
+        let y = lane(c);
+        let _ = writeln!(
+            svg,
+            "<text x=\"10\" y=\"{:.1}\" font-weight=\"bold\">client {c}</text><line x1=\"{left}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#999\"/>",
+            y + 4.0,
+            left + width
+        );
+        let mut entered = None;
+        for e in events.iter().filter(|e| e.client == c) {
+            let ex = x(e.at);
+            match &e.kind {
+                EventKind::Enter(_) => entered = Some(e.at),
+                EventKind::Exit | EventKind::Died => {
+                    if let Some(s) = entered.take() {
+                        let _ = writeln!(
+                            svg,
+                            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"12\" fill=\"#8ab4f8\" opacity=\"0.7\"/>",
+                            x(s),
+                            y - 6.0,
+                            (ex - x(s)).max(1.0)
+                        );
+                    }
+                }
+                EventKind::Grant(t) => {
+                    let _ = writeln!(
+                        svg,
+                        "<path d=\"M{ex:.1} {:.1} l-5 -9 h10 z\" fill=\"#333\"/><text x=\"{ex:.1}\" y=\"{:.1}\" text-anchor=\"middle\">grant #{}</text>",
+                        y - 8.0,
+                        y - 20.0,
+                        t.map_or("-".into(), |t| t.to_string())
+                    );
+                }
+                EventKind::Write { token, accepted } => {
+                    let (fill, label) = if *accepted {
+                        ("#1e8e3e", "write ok")
+                    } else {
+                        ("#d93025", "write REJECTED (stale)")
+                    };
+                    let _ = writeln!(
+                        svg,
+                        "<circle cx=\"{ex:.1}\" cy=\"{y:.1}\" r=\"5\" fill=\"{fill}\"/><text x=\"{ex:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"{fill}\">{label} #{}</text>",
+                        y + 20.0,
+                        token.map_or("-".into(), |t| t.to_string())
+                    );
+                }
+                EventKind::Lost => {
+                    let _ = writeln!(
+                        svg,
+                        "<path d=\"M{:.1} {:.1} l10 10 m0 -10 l-10 10\" stroke=\"#d93025\" stroke-width=\"2\"/><text x=\"{ex:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#d93025\">lost()</text>",
+                        ex - 5.0,
+                        y + 24.0,
+                        y + 46.0
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+    // The time axis, one tick a second.
+    let _ = writeln!(
+        svg,
+        "<line x1=\"{left}\" y1=\"215\" x2=\"{:.1}\" y2=\"215\" stroke=\"#333\"/>",
+        left + width
+    );
+    let mut s = 0u64;
+    while (s as f64) <= span {
+        let tx = left + s as f64 / span * width;
+        let _ = writeln!(
+            svg,
+            "<line x1=\"{tx:.1}\" y1=\"212\" x2=\"{tx:.1}\" y2=\"218\" stroke=\"#333\"/><text x=\"{tx:.1}\" y=\"230\" text-anchor=\"middle\">{s} s</text>"
+        );
+        s += 1;
+    }
+    svg += "</svg>\n";
+    svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::faults::claims::Check;
+    use crate::faults::run::BackendInfo;
+    use crate::faults::scenario::SCENARIOS;
+
+    #[test]
+    fn a_check_the_fault_did_not_exercise_is_listed_as_not_judged() {
+        let scenario = SCENARIOS[2];
+        let check = Check {
+            backend: "x",
+            scenario: scenario.id,
+            claim: "survives server restart: the holder keeps its lock".into(),
+            ok: false,
+            judged: false,
+            detail: "server down 17000 ms".into(),
+        };
+        let report = Report {
+            quick: false,
+            backends: vec![BackendInfo {
+                label: "x",
+                server_version: "x 1".into(),
+                guarantees: lock_core::Guarantees::new("x"),
+                ttl: Duration::from_secs(10),
+            }],
+            scenarios: vec![scenario],
+            cells: vec![Cell {
+                backend: "x",
+                scenario,
+                outcome: Outcome::Observed(
+                    Observation::default(),
+                    Window {
+                        fault_start: Duration::ZERO,
+                        fault_end: Duration::from_secs(17),
+                    },
+                ),
+                events: Vec::new(),
+                checks: vec![check],
+                elapsed: Duration::ZERO,
+            }],
+            elapsed: Duration::ZERO,
+        };
+        assert!(report.errors().is_empty());
+        let md = markdown(&report, "2026-12-01T00:00:00Z");
+        assert!(md.contains("| not judged |"), "{md}");
+        assert!(!md.contains("contradicted**"), "{md}");
+        assert!(md.contains("1 not judged"), "{md}");
+    }
+
+    #[test]
+    fn utc_stamps_are_calendar_dates() {
+        assert_eq!(utc_stamp(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc_stamp(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(utc_stamp(1_798_761_599), "2026-12-31T23:59:59Z");
+    }
+}

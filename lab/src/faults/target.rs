@@ -1,0 +1,322 @@
+//! The backends the fault suite runs against: a URL the client processes
+//! connect with, the server processes behind it (none for SQLite, which
+//! runs inside the clients), and what the backend declares.
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use lock_core::Guarantees;
+use testkit::{
+    EtcdCluster, EtcdServer, MariaDbServer, PostgresServer, RedisServer, ServerProcess,
+    ZooKeeperEnsemble, ZooKeeperServer,
+};
+
+/// The servers that keep one target alive (killed when dropped).
+enum Keep {
+    Embedded(#[allow(dead_code)] tempfile::TempDir),
+    Postgres(PostgresServer),
+    MariaDb(MariaDbServer),
+    Redis(Vec<RedisServer>),
+    Etcd(EtcdServer),
+    EtcdCluster(EtcdCluster),
+    Zk(ZooKeeperServer),
+    ZkEnsemble(ZooKeeperEnsemble),
+}
+
+/// A running backend.
+pub struct Target {
+    label: &'static str,
+    url: String,
+    guarantees: Guarantees,
+    server_version: String,
+    keep: Keep,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL carries the test database's password.
+        f.debug_struct("Target")
+            .field("label", &self.label)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every backend the suite knows, in the order of the declared table.
+/// Memory is not here: it lives inside one process, and the suite's
+/// clients are separate processes.
+/// `redis-aof` is the `redis` backend on a server that persists every
+/// write (`appendfsync always`), `etcd-cluster` and `zookeeper-ensemble`
+/// three-member groups: the same backends' claims, other deployments.
+pub const LABELS: [&str; 10] = [
+    "sqlite",
+    "postgres",
+    "mysql",
+    "redis",
+    "redis-aof",
+    "redlock",
+    "etcd",
+    "etcd-cluster",
+    "zookeeper",
+    "zookeeper-ensemble",
+];
+
+/// The deployments the quick subset skips: one per backend is enough for
+/// CI, and the groups take longest to start.
+pub const NOT_QUICK: [&str; 3] = ["redis-aof", "etcd-cluster", "zookeeper-ensemble"];
+
+/// The backend whose declared guarantees a deployment label has.
+fn backend_of(label: &str) -> &str {
+    match label {
+        "redis-aof" => "redis",
+        "etcd-cluster" => "etcd",
+        "zookeeper-ensemble" => "zookeeper",
+        other => other,
+    }
+}
+
+fn declared(backend: &str) -> Result<Guarantees, String> {
+    polylock::declared_guarantees()
+        .into_iter()
+        .find(|g| g.backend == backend)
+        .ok_or_else(|| format!("{backend} is not compiled into this build"))
+}
+
+/// The first three words of what a program prints for `args`: its name
+/// and version, without build details.
+fn version_of(program: &str, args: &[&str]) -> String {
+    Command::new(program)
+        .args(args)
+        .output()
+        .ok()
+        .map(|o| {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            let words: Vec<&str> = text.split_whitespace().take(3).collect();
+            words.join(" ")
+        })
+        .filter(|l| !l.is_empty())
+        .unwrap_or_else(|| format!("{program}: version unknown"))
+}
+
+fn tk(e: testkit::Error) -> String {
+    e.to_string()
+}
+
+impl Target {
+    /// Starts the backend named `label` (one of [`LABELS`]).
+    pub fn start(label: &str) -> Result<Target, String> {
+        let (label, url, keep, server_version) = match label {
+            "redis-aof" => {
+                let s = RedisServer::start_with_args(&[
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "always",
+                ])
+                .map_err(tk)?;
+                let url = format!("{}/0", s.url());
+                let v = format!(
+                    "{}, appendfsync always",
+                    version_of("redis-server", &["--version"])
+                );
+                ("redis-aof", url, Keep::Redis(vec![s]), v)
+            }
+            "sqlite" => {
+                let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+                let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+                // The library is linked into each client: no server to ask.
+                let v = "SQLite linked into the clients (sqlx)".to_owned();
+                ("sqlite", url, Keep::Embedded(dir), v)
+            }
+            "postgres" => {
+                let s = PostgresServer::start().map_err(tk)?;
+                let v = version_of("/usr/lib/postgresql/15/bin/postgres", &["--version"]);
+                ("postgres", s.url(), Keep::Postgres(s), v)
+            }
+            "mysql" => {
+                let s = MariaDbServer::start().map_err(tk)?;
+                let v = version_of("mariadbd", &["--version"]);
+                ("mysql", s.url(), Keep::MariaDb(s), v)
+            }
+            "redis" => {
+                let s = RedisServer::start().map_err(tk)?;
+                let url = format!("{}/0", s.url());
+                let v = version_of("redis-server", &["--version"]);
+                ("redis", url, Keep::Redis(vec![s]), v)
+            }
+            "redlock" => {
+                let servers = RedisServer::start_independent(5, &[]).map_err(tk)?;
+                let url = format!("redlock://{}", RedisServer::host_list(&servers));
+                let v = format!("{} ×5", version_of("redis-server", &["--version"]));
+                ("redlock", url, Keep::Redis(servers), v)
+            }
+            "etcd" => {
+                let s = EtcdServer::start().map_err(tk)?;
+                let url = format!("etcd://{}", s.addr());
+                let v = version_of("etcd", &["--version"]);
+                ("etcd", url, Keep::Etcd(s), v)
+            }
+            "etcd-cluster" => {
+                let c = EtcdCluster::start(3).map_err(tk)?;
+                let hosts: Vec<String> = c.members().iter().map(|m| m.addr().to_string()).collect();
+                let url = format!("etcd://{}", hosts.join(","));
+                let v = format!("{} ×3", version_of("etcd", &["--version"]));
+                ("etcd-cluster", url, Keep::EtcdCluster(c), v)
+            }
+            "zookeeper-ensemble" => {
+                let e = ZooKeeperEnsemble::start(3).map_err(tk)?;
+                let url = format!("zk://{}", e.connect_string());
+                let v = format!("{} ×3", zookeeper_version());
+                ("zookeeper-ensemble", url, Keep::ZkEnsemble(e), v)
+            }
+            "zookeeper" => {
+                let s = ZooKeeperServer::start().map_err(tk)?;
+                let url = format!("zk://{}", s.connect_string());
+                ("zookeeper", url, Keep::Zk(s), zookeeper_version())
+            }
+            other => {
+                return Err(format!(
+                    "unknown backend {other:?}: choose from {}",
+                    LABELS.join(", ")
+                ))
+            }
+        };
+        Ok(Target {
+            label,
+            guarantees: declared(backend_of(label))?,
+            url,
+            server_version,
+            keep,
+        })
+    }
+
+    /// The backend's name, as in the declared table.
+    pub fn label(&self) -> &'static str {
+        self.label
+    }
+
+    /// The URL clients connect with (holds credentials: never log it).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// What the backend declares.
+    pub fn guarantees(&self) -> &Guarantees {
+        &self.guarantees
+    }
+
+    /// The servers' version banner, for the raw observations.
+    pub fn server_version(&self) -> &str {
+        &self.server_version
+    }
+
+    /// The server processes behind the URL; empty for an embedded backend.
+    pub fn processes(&self) -> Vec<&ServerProcess> {
+        match &self.keep {
+            Keep::Embedded(_) => Vec::new(),
+            Keep::Postgres(s) => vec![s.process()],
+            Keep::MariaDb(s) => vec![s.process()],
+            Keep::Redis(v) => v.iter().map(RedisServer::process).collect(),
+            Keep::Etcd(s) => vec![s.process()],
+            Keep::EtcdCluster(c) => c.members().iter().map(|m| m.process()).collect(),
+            Keep::Zk(s) => vec![s.process()],
+            // The leader first, so a scenario that takes members away
+            // starts with the one whose loss forces an election.
+            Keep::ZkEnsemble(e) => {
+                let leader = e.leader().map(|l| l.id());
+                let mut members: Vec<_> = e.members().iter().collect();
+                members.sort_by_key(|m| Some(m.id()) != leader);
+                members.into_iter().map(|m| m.process()).collect()
+            }
+        }
+    }
+
+    /// The servers' client addresses, as they appear in the URL.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        match &self.keep {
+            Keep::Embedded(_) => Vec::new(),
+            Keep::Postgres(s) => vec![s.addr()],
+            Keep::MariaDb(s) => vec![s.addr()],
+            Keep::Redis(v) => v.iter().map(RedisServer::addr).collect(),
+            Keep::Etcd(s) => vec![s.addr()],
+            Keep::EtcdCluster(c) => c.members().iter().map(|m| m.addr()).collect(),
+            Keep::Zk(s) => vec![s.addr()],
+            Keep::ZkEnsemble(e) => e.members().iter().map(|m| m.addr()).collect(),
+        }
+    }
+
+    /// The URL with each server address replaced by its proxy's, given as
+    /// `(server, proxy)` pairs.
+    pub fn url_through(&self, proxies: &[(SocketAddr, SocketAddr)]) -> String {
+        let mut url = self.url.clone();
+        for (server, proxy) in proxies {
+            url = replace_addr(&url, &server.to_string(), &proxy.to_string());
+        }
+        url
+    }
+
+    /// The TTL every scenario asks for: two seconds, or the backend's
+    /// smallest grant if that is longer (rounded to its step).
+    pub fn ttl(&self) -> Duration {
+        self.guarantees.effective_ttl(Duration::from_secs(2))
+    }
+}
+
+/// Replaces `from` in `url` only where it is a whole address: not when
+/// its port is the start of a longer port (127.0.0.1:4000 in
+/// 127.0.0.1:40001).
+fn replace_addr(url: &str, from: &str, to: &str) -> String {
+    let mut out = String::with_capacity(url.len());
+    let mut rest = url;
+    while let Some(i) = rest.find(from) {
+        let after = &rest[i + from.len()..];
+        out += &rest[..i];
+        if after.starts_with(|c: char| c.is_ascii_digit()) {
+            out += from;
+        } else {
+            out += to;
+        }
+        rest = after;
+    }
+    out + rest
+}
+
+fn zookeeper_version() -> String {
+    // Debian names the version only in the links beside the jar.
+    std::fs::read_dir("/usr/share/java")
+        .ok()
+        .and_then(|dir| {
+            dir.flatten().find_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let v = name.strip_prefix("zookeeper-")?.strip_suffix(".jar")?;
+                v.starts_with(|c: char| c.is_ascii_digit())
+                    .then(|| format!("ZooKeeper {v}"))
+            })
+        })
+        .unwrap_or_else(|| "ZooKeeper (version unknown)".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replace_addr;
+
+    #[test]
+    fn only_whole_addresses_are_replaced() {
+        assert_eq!(
+            replace_addr(
+                "redlock://127.0.0.1:40001,127.0.0.1:4000",
+                "127.0.0.1:4000",
+                "127.0.0.1:9"
+            ),
+            "redlock://127.0.0.1:40001,127.0.0.1:9"
+        );
+        assert_eq!(
+            replace_addr(
+                "postgres://u:p@127.0.0.1:5/db",
+                "127.0.0.1:5",
+                "127.0.0.1:6"
+            ),
+            "postgres://u:p@127.0.0.1:6/db"
+        );
+    }
+}
