@@ -5,6 +5,7 @@
 //! run this crate's `polylock-compare` and `polylock-bench` binaries.
 
 pub mod bench;
+pub mod clock;
 pub mod faults;
 
 use std::time::Duration;

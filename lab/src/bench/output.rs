@@ -519,27 +519,12 @@ pub fn utc_now() -> String {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs()) as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (y, m, d) = civil(days);
+    let (y, m, d) = crate::clock::civil(days);
     format!(
         "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
         rem / 3600,
         rem % 3600 / 60
     )
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian
-/// (Howard Hinnant's algorithm).
-fn civil(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
 }
 
 /// CPU model, cores, memory and kernel, from /proc.
@@ -565,16 +550,4 @@ pub fn machine() -> String {
         mem_kb as f64 / 1_048_576.0,
         kernel.trim()
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn civil_dates() {
-        assert_eq!(civil(0), (1970, 1, 1));
-        assert_eq!(civil(19_723), (2024, 1, 1));
-        assert_eq!(civil(20_788), (2026, 12, 1));
-    }
 }
