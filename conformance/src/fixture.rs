@@ -85,11 +85,24 @@ impl<'a> Ctx<'a> {
     }
 
     /// A new client.
+    ///
+    /// A connect error the backend marks retryable is tried again twice: a
+    /// loaded CI machine sometimes drops a fresh connection during the
+    /// handshake (seen once as an EOF from PostgreSQL), and no case is about
+    /// connecting. Anything else fails the case at once.
     pub async fn client(&self) -> Arc<dyn LockBackend> {
-        self.fx
-            .client()
-            .await
-            .unwrap_or_else(|e| panic!("fixture could not make a client: {e}"))
+        let mut tries = 0;
+        loop {
+            match self.fx.client().await {
+                Ok(client) => return client,
+                Err(e) if e.is_retryable() && tries < 2 => {
+                    tries += 1;
+                    eprintln!("fixture: retrying a client connect after: {e}");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => panic!("fixture could not make a client: {e}"),
+            }
+        }
     }
 
     /// A locker over a new client.
