@@ -204,6 +204,22 @@ pub fn check(
         // The declared table names a forward step as what expires leases
         // early: only fencing is claimed, and checked above.
         Kind::ClockStep => {}
+        Kind::FenceEvicted => {
+            // Checked whatever the fencing check above skipped: the
+            // counter is reseeded from the server's clock, so the next
+            // token is still the highest.
+            push(
+                "a deleted fencing counter restarts above every token issued".into(),
+                obs.grants >= 2 && obs.token_order_violations == 0 && obs.stale_accepted == 0,
+                format!(
+                    "{} grants, {} token-order violations, {} stale accepted",
+                    obs.grants, obs.token_order_violations, obs.stale_accepted
+                ),
+            );
+        }
+        // Asynchronous replication is declared to lose what the replica
+        // had not received: the cell shows it, no claim covers it.
+        Kind::Failover => {}
         Kind::ForcedRelease => {
             push(
                 "after a forced release the old holder's writes are fenced off".into(),
