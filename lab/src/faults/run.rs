@@ -18,6 +18,8 @@ pub struct Config {
     pub backends: Vec<String>,
     /// Only the quick subset of scenarios.
     pub quick: bool,
+    /// Scenario ids (see [`SCENARIOS`]); empty means all.
+    pub scenarios: Vec<String>,
     /// The program the client processes run (`polylock-compare` itself).
     pub client_exe: PathBuf,
     /// Where client logs go.
@@ -132,6 +134,26 @@ pub fn select_backends(requested: &[String], quick: bool) -> Result<Vec<&'static
         .collect())
 }
 
+/// The scenarios `requested` names, checked, in table order; all (or the
+/// quick subset) when empty.
+pub fn select_scenarios(requested: &[String], quick: bool) -> Result<Vec<Scenario>, String> {
+    for r in requested {
+        if !SCENARIOS.iter().any(|s| s.id == r) {
+            let ids: Vec<&str> = SCENARIOS.iter().map(|s| s.id).collect();
+            return Err(format!(
+                "unknown scenario {r:?}: choose from {}",
+                ids.join(", ")
+            ));
+        }
+    }
+    Ok(SCENARIOS
+        .iter()
+        .copied()
+        .filter(|s| s.quick || !quick)
+        .filter(|s| requested.is_empty() || requested.iter().any(|r| r == s.id))
+        .collect())
+}
+
 /// Runs the suite, printing one progress line per scenario on stderr.
 ///
 /// # Cancel safety
@@ -140,11 +162,7 @@ pub fn select_backends(requested: &[String], quick: bool) -> Result<Vec<&'static
 pub async fn run(config: &Config) -> Result<Report, String> {
     let started = Instant::now();
     let labels = select_backends(&config.backends, config.quick)?;
-    let scenarios: Vec<Scenario> = SCENARIOS
-        .iter()
-        .copied()
-        .filter(|s| s.quick || !config.quick)
-        .collect();
+    let scenarios = select_scenarios(&config.scenarios, config.quick)?;
     let total = labels.len() * scenarios.len();
     let mut done = 0;
     let mut report = Report {

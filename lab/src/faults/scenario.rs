@@ -50,7 +50,7 @@ pub enum Kind {
     /// The lock's fencing counter deleted from the server while the lock
     /// is held (an eviction, an operator's cleanup).
     FenceEvicted,
-    /// The replica stops receiving before the holder's acquire; the
+    /// The replica stops receiving (its link cut) before the holder's acquire; the
     /// primary dies and the replica is promoted, the clients' address
     /// repointed at it.
     Failover,
@@ -733,8 +733,8 @@ pub async fn run(scenario: &Scenario, ctx: &mut Ctx<'_>) -> Result<Window, Strin
         Kind::Failover => {
             let r = ctx.target.replicated().ok_or("no replica")?;
             ctx.register
-                .mark("pause the replica (SIGSTOP): it receives nothing more");
-            r.replica().pause().map_err(|e| e.to_string())?;
+                .mark("cut the replication link: the replica receives nothing more");
+            r.cut_link();
             ctx.spawn("a", ttl * 4, 1)?;
             let write = |k: &EventKind| matches!(k, EventKind::Write { .. });
             // An acquire that waits for the replica cannot be acknowledged
@@ -744,8 +744,8 @@ pub async fn run(scenario: &Scenario, ctx: &mut Ctx<'_>) -> Result<Window, Strin
                 .await;
             if acked.is_err() {
                 ctx.register
-                    .mark("a's acquire not acknowledged: resume the replica");
-                r.replica().resume().map_err(|e| e.to_string())?;
+                    .mark("a's acquire not acknowledged: heal the replication link");
+                r.heal_link();
                 ctx.wait_for("a", Duration::ZERO, START_LIMIT, "first WRITE", write)
                     .await?;
             }
@@ -762,9 +762,6 @@ pub async fn run(scenario: &Scenario, ctx: &mut Ctx<'_>) -> Result<Window, Strin
                 .register
                 .mark("kill the primary, promote the replica, point the clients at it");
             r.primary().kill().map_err(|e| e.to_string())?;
-            if r.replica().is_paused() {
-                r.replica().resume().map_err(|e| e.to_string())?;
-            }
             tokio::task::block_in_place(|| r.fail_over())?;
             let fault_end = ctx.register.mark("replica promoted");
             ctx.wait_release("a", recovery).await?;

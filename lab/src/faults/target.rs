@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use lock_core::Guarantees;
 use testkit::{
-    EtcdCluster, EtcdServer, MariaDbServer, PostgresServer, Proxy, RedisServer, ServerProcess,
+    EtcdCluster, EtcdServer, MariaDbServer, Mode, PostgresServer, Proxy, RedisServer, ServerProcess,
     ZooKeeperEnsemble, ZooKeeperServer,
 };
 
@@ -32,6 +32,11 @@ pub struct Replicated {
     primary: RedisServer,
     replica: RedisServer,
     proxy: Proxy,
+    /// The replication link (the replica replicates through it), so that
+    /// the replica can be kept from receiving without stopping it: a
+    /// stopped replica's kernel still buffers the stream, which it reads
+    /// on waking.
+    link: Proxy,
 }
 
 impl Replicated {
@@ -40,9 +45,17 @@ impl Replicated {
         self.primary.process()
     }
 
-    /// The replica's process.
-    pub fn replica(&self) -> &ServerProcess {
-        self.replica.process()
+    /// Drops everything on the replication link from now on: the replica
+    /// receives nothing and acknowledges nothing.
+    pub fn cut_link(&self) {
+        self.link.set_mode(Mode::Blackhole);
+    }
+
+    /// Resets the cut link and lets it pass again, so the replica
+    /// reconnects and catches up on what it missed.
+    pub fn heal_link(&self) {
+        self.link.set_mode(Mode::Reset);
+        self.link.set_mode(Mode::Pass);
     }
 
     /// Promotes the replica (`REPLICAOF NO ONE`) and points the clients'
@@ -74,8 +87,9 @@ fn redis_cmd(addr: SocketAddr, args: &[&str]) -> Result<redis::Value, String> {
 fn start_replicated() -> Result<Replicated, String> {
     // No 5 s diskless-sync delay before the replica's first sync.
     let primary = RedisServer::start_with_args(&["--repl-diskless-sync-delay", "0"]).map_err(tk)?;
+    let link = Proxy::start(primary.addr()).map_err(tk)?;
     let replica =
-        RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &primary.port().to_string()])
+        RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &link.port().to_string()])
             .map_err(tk)?;
     let give_up = std::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -99,6 +113,7 @@ fn start_replicated() -> Result<Replicated, String> {
         primary,
         replica,
         proxy,
+        link,
     })
 }
 
