@@ -270,3 +270,21 @@ async fn run_cell(target: &Target, s: &Scenario, config: &Config) -> Cell {
 fn log_hint(dir: &Path) -> String {
     format!(" (client logs in {})", dir.display())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scenarios_are_selected_by_id_in_table_order_and_unknown_ids_are_refused() {
+        let picked = select_scenarios(&["failover".into(), "client-pause".into()], false).unwrap();
+        let ids: Vec<&str> = picked.iter().map(|s| s.id).collect();
+        assert_eq!(ids, ["client-pause", "failover"]);
+        // --quick still leaves out what is not quick.
+        let quick = select_scenarios(&["failover".into(), "client-pause".into()], true).unwrap();
+        assert_eq!(quick.len(), 1);
+        assert_eq!(select_scenarios(&[], true).unwrap().len(), 3);
+        let e = select_scenarios(&["nosuch".into()], false).unwrap_err();
+        assert!(e.contains("unknown scenario \"nosuch\""), "{e}");
+    }
+}

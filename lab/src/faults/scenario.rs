@@ -718,8 +718,7 @@ pub async fn run(scenario: &Scenario, ctx: &mut Ctx<'_>) -> Result<Window, Strin
             let fault_start = ctx.register.mark("delete the lock's fencing counter");
             let name = ctx.name.clone();
             let target = ctx.target;
-            let deleted =
-                tokio::task::block_in_place(|| target.delete_fence_counters(&name))?;
+            let deleted = tokio::task::block_in_place(|| target.delete_fence_counters(&name))?;
             if deleted == 0 {
                 return Err("no fencing counter found to delete".into());
             }

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use lock_core::Guarantees;
 use testkit::{
-    EtcdCluster, EtcdServer, MariaDbServer, Mode, PostgresServer, Proxy, RedisServer, ServerProcess,
-    ZooKeeperEnsemble, ZooKeeperServer,
+    EtcdCluster, EtcdServer, MariaDbServer, Mode, PostgresServer, Proxy, RedisServer,
+    ServerProcess, ZooKeeperEnsemble, ZooKeeperServer,
 };
 
 /// The servers that keep one target alive (killed when dropped).
@@ -172,7 +172,7 @@ pub const NOT_QUICK: [&str; 5] = [
 /// The backend whose declared guarantees a deployment label has.
 fn backend_of(label: &str) -> &str {
     match label {
- "redis-aof" | "redis-replica" | "redis-replica-wait" => "redis",
+        "redis-aof" | "redis-replica" | "redis-replica-wait" => "redis",
         "etcd-cluster" => "etcd",
         "zookeeper-ensemble" => "zookeeper",
         other => other,
