@@ -20,7 +20,7 @@ enum Keep {
     Redis(Vec<RedisServer>),
     /// A primary with one asynchronous replica, both behind `proxy`: the
     /// address the clients know, which a failover repoints.
-    Replicated(Replicated),
+    Replicated(Box<Replicated>),
     Etcd(EtcdServer),
     EtcdCluster(EtcdCluster),
     Zk(ZooKeeperServer),
@@ -237,7 +237,7 @@ impl Target {
                     "{}, primary + 1 asynchronous replica",
                     version_of("redis-server", &["--version"])
                 );
-                (label, url, Keep::Replicated(r), v)
+                (label, url, Keep::Replicated(Box::new(r)), v)
             }
             "sqlite" => {
                 let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
