@@ -55,13 +55,15 @@ pub enum Mode {
 pub struct Proxy {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    upstream: SocketAddr,
     acceptor: Option<JoinHandle<()>>,
 }
 
 #[derive(Debug)]
 struct Shared {
     mode: Mutex<Mode>,
+    /// Where new connections go; switchable, like a service address that
+    /// a failover repoints.
+    upstream: Mutex<SocketAddr>,
     stopping: AtomicBool,
     /// Weak so that a finished connection's sockets close as soon as its
     /// threads are done, without bookkeeping.
@@ -143,6 +145,7 @@ impl Proxy {
             .map_err(|e| Error::io("reading the proxy's address", e))?;
         let shared = Arc::new(Shared {
             mode: Mutex::new(Mode::Pass),
+            upstream: Mutex::new(upstream),
             stopping: AtomicBool::new(false),
             connections: Mutex::new(Vec::new()),
         });
@@ -150,13 +153,12 @@ impl Proxy {
             let shared = Arc::clone(&shared);
             thread::Builder::new()
                 .name(format!("testkit-proxy-{}", addr.port()))
-                .spawn(move || accept_loop(listener, upstream, shared))
+                .spawn(move || accept_loop(listener, shared))
                 .map_err(|e| Error::io("spawning the proxy thread", e))?
         };
         Ok(Proxy {
             shared,
             addr,
-            upstream,
             acceptor: Some(acceptor),
         })
     }
@@ -173,7 +175,17 @@ impl Proxy {
 
     /// The server the proxy forwards to.
     pub fn upstream(&self) -> SocketAddr {
-        self.upstream
+        *lock(&self.shared.upstream)
+    }
+
+    /// Points the proxy at another server, as a failover repoints a
+    /// service address: open connections are reset (their server is the
+    /// old one) and new ones go to `upstream`.
+    pub fn set_upstream(&self, upstream: SocketAddr) {
+        *lock(&self.shared.upstream) = upstream;
+        for connection in self.shared.live_connections() {
+            connection.abort();
+        }
     }
 
     /// The current mode.
@@ -226,7 +238,7 @@ impl Drop for Proxy {
     }
 }
 
-fn accept_loop(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>) {
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     loop {
         let client = match listener.accept() {
             Ok((client, _)) => client,
@@ -247,6 +259,7 @@ fn accept_loop(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>)
             reset(&client);
             continue;
         }
+        let upstream = *lock(&shared.upstream);
         let shared = Arc::clone(&shared);
         let spawned = thread::Builder::new()
             .name("testkit-proxy-conn".to_owned())

@@ -723,6 +723,28 @@ fn proxy_pass_forwards() {
 }
 
 #[test]
+fn proxy_set_upstream_resets_open_connections_and_sends_new_ones_to_the_new_server() {
+    let (first, proxy) = redis_and_proxy();
+    let second = RedisServer::start().expect("start a second redis-server");
+    let mut old = TcpStream::connect(proxy.addr()).expect("connect");
+    assert_eq!(
+        resp_on(&mut old, &["SET", "who", "first"], OK_TIMEOUT).expect("SET"),
+        "+OK\r\n"
+    );
+    proxy.set_upstream(second.addr());
+    assert_eq!(proxy.upstream(), second.addr());
+    // The old connection is cut, not silently kept on the old server.
+    assert!(resp_on(&mut old, &["GET", "who"], OK_TIMEOUT).is_err());
+    let mut new = TcpStream::connect(proxy.addr()).expect("connect again");
+    assert_eq!(
+        resp_on(&mut new, &["GET", "who"], OK_TIMEOUT).expect("GET"),
+        "$-1\r\n",
+        "the new connection reaches the second server, which has no key"
+    );
+    drop(first);
+}
+
+#[test]
 fn proxy_delay_slows_every_exchange() {
     let (_redis, proxy) = redis_and_proxy();
     // Opened in Pass: the new mode must apply to existing connections too.

@@ -17,14 +17,19 @@ use polylock_lab::faults::{client, output, run, scenario::URL_ENV};
 #[command(name = "polylock-compare", args_conflicts_with_subcommands = true)]
 struct Cli {
     /// Backends to run, comma-separated (default: all): sqlite, postgres,
-    /// mysql, redis, redis-aof, redlock, etcd, etcd-cluster, zookeeper,
-    /// zookeeper-ensemble. `--quick` alone leaves out redis-aof and the
-    /// three-member groups.
+    /// mysql, redis, redis-aof, redis-replica, redis-replica-wait, redlock,
+    /// etcd, etcd-cluster, zookeeper, zookeeper-ensemble. `--quick` alone
+    /// leaves out redis-aof, the replicated Redis and the three-member
+    /// groups.
     #[arg(long, value_delimiter = ',')]
     backends: Vec<String>,
     /// Only the quick subset (client pause, client kill, server restart).
     #[arg(long)]
     quick: bool,
+    /// Scenario ids to run, comma-separated (default: all), e.g.
+    /// `failover,fence-evicted`.
+    #[arg(long, value_delimiter = ',')]
+    scenarios: Vec<String>,
     /// Where guarantees.md, guarantees.json and timelines/ are written.
     #[arg(long, default_value = "docs")]
     out: PathBuf,
@@ -112,7 +117,9 @@ fn main() -> ExitCode {
             }
         };
     }
-    if let Err(e) = run::select_backends(&cli.backends, cli.quick) {
+    if let Err(e) = run::select_backends(&cli.backends, cli.quick)
+        .and_then(|_| run::select_scenarios(&cli.scenarios, cli.quick))
+    {
         eprintln!("polylock-compare: {e}");
         return ExitCode::from(2);
     }
@@ -141,6 +148,7 @@ fn main() -> ExitCode {
     let config = run::Config {
         backends: cli.backends,
         quick: cli.quick,
+        scenarios: cli.scenarios,
         client_exe,
         log_dir: logs,
     };

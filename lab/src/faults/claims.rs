@@ -204,6 +204,22 @@ pub fn check(
         // The declared table names a forward step as what expires leases
         // early: only fencing is claimed, and checked above.
         Kind::ClockStep => {}
+        Kind::FenceEvicted => {
+            // Checked whatever the fencing check above skipped: the
+            // counter is reseeded from the server's clock, so the next
+            // token is still the highest.
+            push(
+                "a deleted fencing counter restarts above every token issued".into(),
+                obs.grants >= 2 && obs.token_order_violations == 0 && obs.stale_accepted == 0,
+                format!(
+                    "{} grants, {} token-order violations, {} stale accepted",
+                    obs.grants, obs.token_order_violations, obs.stale_accepted
+                ),
+            );
+        }
+        // Asynchronous replication is declared to lose what the replica
+        // had not received: the cell shows it, no claim covers it.
+        Kind::Failover => {}
         Kind::ForcedRelease => {
             push(
                 "after a forced release the old holder's writes are fenced off".into(),
@@ -269,6 +285,11 @@ mod tests {
         assert!(check("x", &g, restart, &obs, Duration::from_secs(2))
             .iter()
             .all(|c| c.ok));
+        // A failover to an asynchronous replica is such a loss too.
+        let failover = SCENARIOS.iter().find(|s| s.kind == Kind::Failover).unwrap();
+        assert!(check("x", &g, failover, &obs, Duration::from_secs(2))
+            .iter()
+            .all(|c| c.ok));
         let pause = SCENARIOS
             .iter()
             .find(|s| s.kind == Kind::ClientPause)
@@ -276,6 +297,35 @@ mod tests {
         assert!(check("x", &g, pause, &obs, Duration::from_secs(2))
             .iter()
             .any(|c| !c.ok));
+    }
+
+    #[test]
+    fn a_token_repeated_after_the_counter_was_deleted_contradicts_the_reseed() {
+        let mut g = Guarantees::new("x");
+        g.fencing = FencingGuarantee::UnlessDataLoss("eviction");
+        let evicted = SCENARIOS
+            .iter()
+            .find(|s| s.kind == Kind::FenceEvicted)
+            .unwrap();
+        let repeated = Observation {
+            grants: 2,
+            token_order_violations: 1,
+            ..Observation::default()
+        };
+        let checks = check("x", &g, evicted, &repeated, Duration::from_secs(2));
+        assert!(
+            checks
+                .iter()
+                .any(|c| !c.ok && c.claim.contains("deleted fencing counter")),
+            "{checks:?}"
+        );
+        let reseeded = Observation {
+            grants: 2,
+            ..Observation::default()
+        };
+        assert!(check("x", &g, evicted, &reseeded, Duration::from_secs(2))
+            .iter()
+            .all(|c| c.ok));
     }
 
     #[test]

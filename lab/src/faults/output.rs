@@ -105,11 +105,22 @@ highest it has accepted. In each cell:
 - **release**: what `a`'s `release()` reported.
 
 Columns are deployments of the backends in the declared table: `redis-aof`
-is the redis backend on a server with `appendfsync always`, `etcd-cluster`
+is the redis backend on a server with `appendfsync always`, `redis-replica`
+a primary with one asynchronous replica behind one address (the clients'),
+`redis-replica-wait` the same with `wait_replicas=1&wait_timeout=1000`, so
+that an acquire counts only once the replica has it, `etcd-cluster`
 and `zookeeper-ensemble` are three-member groups, `redlock` runs on five
 independent servers. \"n/a\" says why a scenario cannot apply. Clients ask
 for a 2 s TTL (5 s where the row says so; etcd's and ZooKeeper's grants are
 rounded as the declared table says).
+
+In the failover row the replication link is cut before `a` acquires, then
+the primary is killed, the replica promoted (`REPLICAOF NO ONE`) and the
+clients' address pointed at it. Without WAIT the promoted replica never saw
+`a`'s lock; with WAIT `a` is only granted once the link is healed, and the
+promoted server, left without a replica, acknowledges no acquire after it.
+In the fence-evicted row the lock's bookkeeping hash (fencing counter
+included) is deleted while `a` holds the lock, as eviction would.
 
 ";
 

@@ -18,6 +18,8 @@ pub struct Config {
     pub backends: Vec<String>,
     /// Only the quick subset of scenarios.
     pub quick: bool,
+    /// Scenario ids (see [`SCENARIOS`]); empty means all.
+    pub scenarios: Vec<String>,
     /// The program the client processes run (`polylock-compare` itself).
     pub client_exe: PathBuf,
     /// Where client logs go.
@@ -132,6 +134,26 @@ pub fn select_backends(requested: &[String], quick: bool) -> Result<Vec<&'static
         .collect())
 }
 
+/// The scenarios `requested` names, checked, in table order; all (or the
+/// quick subset) when empty.
+pub fn select_scenarios(requested: &[String], quick: bool) -> Result<Vec<Scenario>, String> {
+    for r in requested {
+        if !SCENARIOS.iter().any(|s| s.id == r) {
+            let ids: Vec<&str> = SCENARIOS.iter().map(|s| s.id).collect();
+            return Err(format!(
+                "unknown scenario {r:?}: choose from {}",
+                ids.join(", ")
+            ));
+        }
+    }
+    Ok(SCENARIOS
+        .iter()
+        .copied()
+        .filter(|s| s.quick || !quick)
+        .filter(|s| requested.is_empty() || requested.iter().any(|r| r == s.id))
+        .collect())
+}
+
 /// Runs the suite, printing one progress line per scenario on stderr.
 ///
 /// # Cancel safety
@@ -140,11 +162,7 @@ pub fn select_backends(requested: &[String], quick: bool) -> Result<Vec<&'static
 pub async fn run(config: &Config) -> Result<Report, String> {
     let started = Instant::now();
     let labels = select_backends(&config.backends, config.quick)?;
-    let scenarios: Vec<Scenario> = SCENARIOS
-        .iter()
-        .copied()
-        .filter(|s| s.quick || !config.quick)
-        .collect();
+    let scenarios = select_scenarios(&config.scenarios, config.quick)?;
     let total = labels.len() * scenarios.len();
     let mut done = 0;
     let mut report = Report {
@@ -251,4 +269,22 @@ async fn run_cell(target: &Target, s: &Scenario, config: &Config) -> Cell {
 
 fn log_hint(dir: &Path) -> String {
     format!(" (client logs in {})", dir.display())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scenarios_are_selected_by_id_in_table_order_and_unknown_ids_are_refused() {
+        let picked = select_scenarios(&["failover".into(), "client-pause".into()], false).unwrap();
+        let ids: Vec<&str> = picked.iter().map(|s| s.id).collect();
+        assert_eq!(ids, ["client-pause", "failover"]);
+        // --quick still leaves out what is not quick.
+        let quick = select_scenarios(&["failover".into(), "client-pause".into()], true).unwrap();
+        assert_eq!(quick.len(), 1);
+        assert_eq!(select_scenarios(&[], true).unwrap().len(), 3);
+        let e = select_scenarios(&["nosuch".into()], false).unwrap_err();
+        assert!(e.contains("unknown scenario \"nosuch\""), "{e}");
+    }
 }

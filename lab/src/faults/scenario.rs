@@ -47,6 +47,13 @@ pub enum Kind {
     MajorityRestart,
     /// The wall clock that judges expiry steps forward past the TTL.
     ClockStep,
+    /// The lock's fencing counter deleted from the server while the lock
+    /// is held (an eviction, an operator's cleanup).
+    FenceEvicted,
+    /// The replica stops receiving (its link cut) before the holder's acquire; the
+    /// primary dies and the replica is promoted, the clients' address
+    /// repointed at it.
+    Failover,
 }
 
 /// One scenario of the suite.
@@ -63,7 +70,7 @@ pub struct Scenario {
 }
 
 /// Every scenario, in table order.
-pub const SCENARIOS: [Scenario; 11] = [
+pub const SCENARIOS: [Scenario; 13] = [
     Scenario {
         id: "client-pause",
         title: "client paused past the TTL (SIGSTOP, GC pause)",
@@ -131,6 +138,19 @@ pub const SCENARIOS: [Scenario; 11] = [
         quick: false,
         kind: Kind::ClockStep,
     },
+    Scenario {
+        id: "fence-evicted",
+        title: "the fencing counter deleted (evicted) while the lock is held",
+        quick: false,
+        kind: Kind::FenceEvicted,
+    },
+    // Last: it kills the primary, which no later scenario gets back.
+    Scenario {
+        id: "failover",
+        title: "primary lost, replica that missed the acquire promoted",
+        quick: false,
+        kind: Kind::Failover,
+    },
 ];
 
 /// libfaketime, which steps the clock of the processes it is preloaded
@@ -158,6 +178,14 @@ impl Scenario {
                 Err("fewer than three servers".into())
             }
             Kind::MinorityLoss | Kind::MajorityRestart => Ok(()),
+            Kind::FenceEvicted if target.fence_stores().is_empty() => {
+                Err("the fencing counter is not a key that can be deleted or evicted".into())
+            }
+            Kind::FenceEvicted => Ok(()),
+            Kind::Failover if target.replicated().is_none() => {
+                Err("no replica to fail over to".into())
+            }
+            Kind::Failover => Ok(()),
             Kind::ClockStep => match target.guarantees().expiry_clock {
                 // The clients' own clock: libfaketime steps it.
                 ExpiryClock::ClientHost if Path::new(LIBFAKETIME).exists() => Ok(()),
@@ -192,7 +220,13 @@ impl Scenario {
     /// declares it (a restart of a backend that does not survive one), so
     /// that fencing is only claimed "unless data is lost".
     pub fn may_lose_data(&self, g: &Guarantees) -> bool {
-        matches!(self.kind, Kind::ServerRestart | Kind::MajorityRestart) && !g.survives_restart
+        match self.kind {
+            Kind::ServerRestart | Kind::MajorityRestart => !g.survives_restart,
+            // Asynchronous replication: what the replica had not received
+            // is gone once it is promoted.
+            Kind::Failover => true,
+            _ => false,
+        }
     }
 }
 
@@ -677,6 +711,66 @@ pub async fn run(scenario: &Scenario, ctx: &mut Ctx<'_>) -> Result<Window, Strin
             Ok(Window {
                 fault_start,
                 fault_end: fault_start,
+            })
+        }
+        Kind::FenceEvicted => {
+            ctx.holder_and_waiter(ttl * 2).await?;
+            let fault_start = ctx.register.mark("delete the lock's fencing counter");
+            let name = ctx.name.clone();
+            let target = ctx.target;
+            let deleted = tokio::task::block_in_place(|| target.delete_fence_counters(&name))?;
+            if deleted == 0 {
+                return Err("no fencing counter found to delete".into());
+            }
+            ctx.wait_release("a", recovery).await?;
+            ctx.wait_release("b", recovery).await?;
+            Ok(Window {
+                fault_start,
+                fault_end: fault_start,
+            })
+        }
+        Kind::Failover => {
+            let r = ctx.target.replicated().ok_or("no replica")?;
+            ctx.register
+                .mark("cut the replication link: the replica receives nothing more");
+            r.cut_link();
+            ctx.spawn("a", ttl * 4, 1)?;
+            let write = |k: &EventKind| matches!(k, EventKind::Write { .. });
+            // An acquire that waits for the replica cannot be acknowledged
+            // now; one that does not is granted at once.
+            let acked = ctx
+                .wait_for("a", Duration::ZERO, ttl * 3, "first WRITE", write)
+                .await;
+            if acked.is_err() {
+                ctx.register
+                    .mark("a's acquire not acknowledged: heal the replication link");
+                r.heal_link();
+                ctx.wait_for("a", Duration::ZERO, START_LIMIT, "first WRITE", write)
+                    .await?;
+            }
+            ctx.spawn("b", Duration::from_millis(200), 1)?;
+            ctx.wait_for(
+                "b",
+                Duration::ZERO,
+                START_LIMIT,
+                "waiting note",
+                |k| matches!(k, EventKind::Note(t) if t.starts_with("waiting")),
+            )
+            .await?;
+            let fault_start = ctx
+                .register
+                .mark("kill the primary, promote the replica, point the clients at it");
+            r.primary().kill().map_err(|e| e.to_string())?;
+            tokio::task::block_in_place(|| r.fail_over())?;
+            let fault_end = ctx.register.mark("replica promoted");
+            ctx.wait_release("a", recovery).await?;
+            // With WAIT, the promoted server has no replica left to
+            // acknowledge b's acquire: b may never be granted, which is
+            // what is recorded, not an error of the run.
+            let _ = ctx.wait_release("b", ttl * 5).await;
+            Ok(Window {
+                fault_start,
+                fault_end,
             })
         }
         Kind::ForcedRelease => {

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use lock_core::Guarantees;
 use testkit::{
-    EtcdCluster, EtcdServer, MariaDbServer, PostgresServer, RedisServer, ServerProcess,
-    ZooKeeperEnsemble, ZooKeeperServer,
+    EtcdCluster, EtcdServer, MariaDbServer, Mode, PostgresServer, Proxy, RedisServer,
+    ServerProcess, ZooKeeperEnsemble, ZooKeeperServer,
 };
 
 /// The servers that keep one target alive (killed when dropped).
@@ -18,10 +18,103 @@ enum Keep {
     Postgres(PostgresServer),
     MariaDb(MariaDbServer),
     Redis(Vec<RedisServer>),
+    /// A primary with one asynchronous replica, both behind `proxy`: the
+    /// address the clients know, which a failover repoints.
+    Replicated(Box<Replicated>),
     Etcd(EtcdServer),
     EtcdCluster(EtcdCluster),
     Zk(ZooKeeperServer),
     ZkEnsemble(ZooKeeperEnsemble),
+}
+
+/// A Redis primary, its replica, and the service address in front.
+pub struct Replicated {
+    primary: RedisServer,
+    replica: RedisServer,
+    proxy: Proxy,
+    /// The replication link (the replica replicates through it), so that
+    /// the replica can be kept from receiving without stopping it: a
+    /// stopped replica's kernel still buffers the stream, which it reads
+    /// on waking.
+    link: Proxy,
+}
+
+impl Replicated {
+    /// The primary's process.
+    pub fn primary(&self) -> &ServerProcess {
+        self.primary.process()
+    }
+
+    /// Drops everything on the replication link from now on: the replica
+    /// receives nothing and acknowledges nothing.
+    pub fn cut_link(&self) {
+        self.link.set_mode(Mode::Blackhole);
+    }
+
+    /// Resets the cut link and lets it pass again, so the replica
+    /// reconnects and catches up on what it missed.
+    pub fn heal_link(&self) {
+        self.link.set_mode(Mode::Reset);
+        self.link.set_mode(Mode::Pass);
+    }
+
+    /// Promotes the replica (`REPLICAOF NO ONE`) and points the clients'
+    /// address at it, as Sentinel or an operator would after the primary
+    /// died.
+    pub fn fail_over(&self) -> Result<(), String> {
+        redis_cmd(self.replica.addr(), &["REPLICAOF", "NO", "ONE"])?;
+        self.proxy.set_upstream(self.replica.addr());
+        Ok(())
+    }
+}
+
+/// One command on a fresh synchronous connection (start-up and faults
+/// only; the clients use the backend).
+fn redis_cmd(addr: SocketAddr, args: &[&str]) -> Result<redis::Value, String> {
+    let client = redis::Client::open(format!("redis://{addr}/0")).map_err(|e| e.to_string())?;
+    let mut conn = client
+        .get_connection_with_timeout(Duration::from_secs(5))
+        .map_err(|e| format!("connecting to {addr}: {e}"))?;
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(&mut conn)
+        .map_err(|e| format!("{} on {addr}: {e}", args.join(" ")))
+}
+
+/// Starts a primary and a replica and waits until the replica has synced.
+fn start_replicated() -> Result<Replicated, String> {
+    // No 5 s diskless-sync delay before the replica's first sync.
+    let primary = RedisServer::start_with_args(&["--repl-diskless-sync-delay", "0"]).map_err(tk)?;
+    let link = Proxy::start(primary.addr()).map_err(tk)?;
+    let replica =
+        RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &link.port().to_string()])
+            .map_err(tk)?;
+    let give_up = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = redis_cmd(replica.addr(), &["INFO", "replication"])?;
+        let text = match info {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+            redis::Value::VerbatimString { text, .. } => text,
+            other => format!("{other:?}"),
+        };
+        if text.contains("master_link_status:up") {
+            break;
+        }
+        if std::time::Instant::now() >= give_up {
+            return Err("the replica did not sync within 30 s".into());
+        }
+        // Start-up runs on a blocking thread, not on the async workers.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let proxy = Proxy::start(primary.addr()).map_err(tk)?;
+    Ok(Replicated {
+        primary,
+        replica,
+        proxy,
+        link,
+    })
 }
 
 /// A running backend.
@@ -48,12 +141,17 @@ impl std::fmt::Debug for Target {
 /// `redis-aof` is the `redis` backend on a server that persists every
 /// write (`appendfsync always`), `etcd-cluster` and `zookeeper-ensemble`
 /// three-member groups: the same backends' claims, other deployments.
-pub const LABELS: [&str; 10] = [
+/// `redis-replica` is a primary with an asynchronous replica, and
+/// `redis-replica-wait` the same with `wait_replicas=1`, so that an
+/// acquire is acknowledged only once the replica has it.
+pub const LABELS: [&str; 12] = [
     "sqlite",
     "postgres",
     "mysql",
     "redis",
     "redis-aof",
+    "redis-replica",
+    "redis-replica-wait",
     "redlock",
     "etcd",
     "etcd-cluster",
@@ -63,12 +161,18 @@ pub const LABELS: [&str; 10] = [
 
 /// The deployments the quick subset skips: one per backend is enough for
 /// CI, and the groups take longest to start.
-pub const NOT_QUICK: [&str; 3] = ["redis-aof", "etcd-cluster", "zookeeper-ensemble"];
+pub const NOT_QUICK: [&str; 5] = [
+    "redis-aof",
+    "redis-replica",
+    "redis-replica-wait",
+    "etcd-cluster",
+    "zookeeper-ensemble",
+];
 
 /// The backend whose declared guarantees a deployment label has.
 fn backend_of(label: &str) -> &str {
     match label {
-        "redis-aof" => "redis",
+        "redis-aof" | "redis-replica" | "redis-replica-wait" => "redis",
         "etcd-cluster" => "etcd",
         "zookeeper-ensemble" => "zookeeper",
         other => other,
@@ -120,6 +224,20 @@ impl Target {
                     version_of("redis-server", &["--version"])
                 );
                 ("redis-aof", url, Keep::Redis(vec![s]), v)
+            }
+            "redis-replica" | "redis-replica-wait" => {
+                let r = start_replicated()?;
+                let (label, query) = match label {
+                    "redis-replica" => ("redis-replica", ""),
+                    // Well above a loaded machine's replication delay.
+                    _ => ("redis-replica-wait", "?wait_replicas=1&wait_timeout=1000"),
+                };
+                let url = format!("redis://{}/0{query}", r.proxy.addr());
+                let v = format!(
+                    "{}, primary + 1 asynchronous replica",
+                    version_of("redis-server", &["--version"])
+                );
+                (label, url, Keep::Replicated(Box::new(r)), v)
             }
             "sqlite" => {
                 let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
@@ -217,6 +335,9 @@ impl Target {
             Keep::Postgres(s) => vec![s.process()],
             Keep::MariaDb(s) => vec![s.process()],
             Keep::Redis(v) => v.iter().map(RedisServer::process).collect(),
+            // The server the clients' address leads to; the replica is
+            // the failover scenario's.
+            Keep::Replicated(r) => vec![r.primary()],
             Keep::Etcd(s) => vec![s.process()],
             Keep::EtcdCluster(c) => c.members().iter().map(|m| m.process()).collect(),
             Keep::Zk(s) => vec![s.process()],
@@ -238,11 +359,54 @@ impl Target {
             Keep::Postgres(s) => vec![s.addr()],
             Keep::MariaDb(s) => vec![s.addr()],
             Keep::Redis(v) => v.iter().map(RedisServer::addr).collect(),
+            Keep::Replicated(r) => vec![r.proxy.addr()],
             Keep::Etcd(s) => vec![s.addr()],
             Keep::EtcdCluster(c) => c.members().iter().map(|m| m.addr()).collect(),
             Keep::Zk(s) => vec![s.addr()],
             Keep::ZkEnsemble(e) => e.members().iter().map(|m| m.addr()).collect(),
         }
+    }
+
+    /// The primary and replica of a replicated deployment, for a failover.
+    pub fn replicated(&self) -> Option<&Replicated> {
+        match &self.keep {
+            Keep::Replicated(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The Redis servers whose data set holds the fencing counters (the
+    /// primary only where there is a replica), for a scenario that deletes
+    /// them; empty for a backend whose counter is not a deletable key.
+    pub fn fence_stores(&self) -> Vec<SocketAddr> {
+        match &self.keep {
+            Keep::Redis(v) => v.iter().map(RedisServer::addr).collect(),
+            Keep::Replicated(r) => vec![r.primary.addr()],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Deletes every key of lock `name`'s bookkeeping (the `fence` hash,
+    /// `__polylock__:{NAME}…`) on every fence store, behind the clients'
+    /// backs, as an eviction or an operator would. Returns how many keys
+    /// went.
+    pub fn delete_fence_counters(&self, name: &str) -> Result<usize, String> {
+        let pattern = format!("__polylock__:{{{}}}*", glob_escape(name));
+        let mut deleted = 0;
+        for addr in self.fence_stores() {
+            let keys = match redis_cmd(addr, &["KEYS", &pattern])? {
+                redis::Value::Array(v) => v,
+                other => return Err(format!("KEYS on {addr}: {other:?}")),
+            };
+            for k in keys {
+                if let redis::Value::BulkString(k) = k {
+                    let k = String::from_utf8_lossy(&k).into_owned();
+                    redis_cmd(addr, &["DEL", &k])?;
+                    deleted += 1;
+                }
+            }
+        }
+        Ok(deleted)
     }
 
     /// The URL with each server address replaced by its proxy's, given as
@@ -260,6 +424,18 @@ impl Target {
     pub fn ttl(&self) -> Duration {
         self.guarantees.effective_ttl(Duration::from_secs(2))
     }
+}
+
+/// `s` with Redis glob metacharacters escaped.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Replaces `from` in `url` only where it is a whole address: not when
