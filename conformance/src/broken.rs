@@ -69,6 +69,18 @@ fn lost(name: &LockName) -> LockError {
 }
 
 impl Broken {
+    /// A holder as this wrapper's clients see it: with reused fences when
+    /// that is the flaw.
+    fn shown(&self, i: HolderInfo) -> HolderInfo {
+        if self.flaw != Flaw::FenceReuse {
+            return i;
+        }
+        let reused = i
+            .fence
+            .and_then(|f| FencingToken::new((f.get() - 1) % 2 + 1));
+        HolderInfo::new(i.owner, reused, i.expires_in).with_meta(i.meta)
+    }
+
     /// The lease the inner backend knows, from one this wrapper handed out.
     fn inner_lease(&self, lease: &Lease) -> Lease {
         let (fence, ttl) = match self.flaw {
@@ -188,16 +200,23 @@ impl LockBackend for Broken {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
-        let info = self.inner.inspect(name).await?;
-        if self.flaw != Flaw::FenceReuse {
-            return Ok(info);
-        }
-        Ok(info.map(|i| {
-            let reused = i
-                .fence
-                .and_then(|f| FencingToken::new((f.get() - 1) % 2 + 1));
-            HolderInfo::new(i.owner, reused, i.expires_in)
-        }))
+        Ok(self.inner.inspect(name).await?.map(|i| self.shown(i)))
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<(LockName, HolderInfo)>, LockError> {
+        let listed = self.inner.list(prefix, limit).await?;
+        Ok(listed
+            .into_iter()
+            .map(|(n, i)| (n, self.shown(i)))
+            .collect())
+    }
+
+    async fn waiters(&self, name: &LockName) -> Result<Option<usize>, LockError> {
+        self.inner.waiters(name).await
     }
 
     async fn force_release(&self, name: &LockName) -> Result<bool, LockError> {

@@ -67,6 +67,21 @@ impl LockBackend for Counting {
         self.count();
         self.inner.force_release(name).await
     }
+    async fn list(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<(LockName, HolderInfo)>, LockError> {
+        self.count();
+        self.inner.list(prefix, limit).await
+    }
+    async fn waiters(&self, name: &LockName) -> Result<Option<usize>, LockError> {
+        self.count();
+        self.inner.waiters(name).await
+    }
+    fn wake_mode(&self) -> String {
+        self.inner.wake_mode()
+    }
     fn guarantees(&self) -> Guarantees {
         self.inner.guarantees()
     }

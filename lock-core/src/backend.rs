@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use crate::error::LockError;
 use crate::guarantees::Guarantees;
 use crate::lease::{ClockPolicy, Lease};
+use crate::meta::HolderMeta;
 use crate::name::LockName;
 use crate::token::{FencingToken, OwnerToken};
 
@@ -36,6 +37,9 @@ pub struct AcquireRequest {
     pub wait: Duration,
     /// How the local deadline is computed.
     pub clock: ClockPolicy,
+    /// Who asks, stored beside the lock by backends that declare
+    /// [`Guarantees::holder_meta`] (ignored by the others).
+    pub meta: Option<HolderMeta>,
 }
 
 impl AcquireRequest {
@@ -64,7 +68,14 @@ impl AcquireRequest {
             ttl,
             wait,
             clock: ClockPolicy::default(),
+            meta: None,
         })
+    }
+
+    /// The same request carrying a holder description.
+    pub fn with_meta(mut self, meta: HolderMeta) -> Self {
+        self.meta = Some(meta);
+        self
     }
 
     /// The instant the wait ends, counted from now.
@@ -126,6 +137,9 @@ pub struct HolderInfo {
     pub fence: Option<FencingToken>,
     /// Time left before the server expires the lease, when known.
     pub expires_in: Option<Duration>,
+    /// Who took the lock, when it was taken with a description and the
+    /// backend keeps one ([`Guarantees::holder_meta`]).
+    pub meta: Option<HolderMeta>,
 }
 
 impl HolderInfo {
@@ -135,9 +149,19 @@ impl HolderInfo {
             owner,
             fence,
             expires_in,
+            meta: None,
         }
     }
+
+    /// The same description with the holder's metadata.
+    pub fn with_meta(mut self, meta: Option<HolderMeta>) -> Self {
+        self.meta = meta;
+        self
+    }
 }
+
+/// The most locks one [`LockBackend::list`] call returns.
+pub const MAX_LIST: usize = 10_000;
 
 /// A lock service. One value is one client (connection pool, session); share
 /// it behind an `Arc<dyn LockBackend>`.
@@ -209,6 +233,61 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
         })
     }
 
+    /// The held locks whose names start with `prefix` (empty: all), in name
+    /// order, at most `limit` of them (capped at [`MAX_LIST`]). Only locks
+    /// this library took are listed where foreign clients share the service
+    /// (a foreign Redis key is indistinguishable from any other key).
+    /// Backends that cannot enumerate return `Unsupported`
+    /// ([`Guarantees::list`] says which).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn list(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<(LockName, HolderInfo)>, LockError> {
+        let _ = (prefix, limit);
+        Err(LockError::Unsupported {
+            op: "list",
+            backend: self.guarantees().backend,
+        })
+    }
+
+    /// How many clients wait for the lock, as the server sees them (queued
+    /// nodes or keys, subscribed connections); `None` when the backend
+    /// cannot see its waiters ([`Guarantees::counts_waiters`] says which).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn waiters(&self, name: &LockName) -> Result<Option<usize>, LockError> {
+        let _ = name;
+        Ok(None)
+    }
+
+    /// How a waiter on this connection learns the lock is free, in a few
+    /// words for `polylock status` and logs: the declared
+    /// [`WaitMechanism`](crate::WaitMechanism), refined where the connection
+    /// decides it (Redis: whether foreign releases are seen through keyspace
+    /// notifications or polled).
+    fn wake_mode(&self) -> String {
+        self.guarantees().wait.describe().to_string()
+    }
+
     /// What this backend promises.
     fn guarantees(&self) -> Guarantees;
+}
+
+/// Refuses a [`LockBackend::list`] prefix no lock name could start with,
+/// before any I/O, and caps `limit` at [`MAX_LIST`].
+pub fn validate_list(prefix: &str, limit: usize) -> Result<usize, LockError> {
+    if prefix.len() > LockName::MAX_LEN || prefix.contains('\0') {
+        return Err(LockError::InvalidName {
+            reason: format!(
+                "a list prefix must be at most {} bytes with no NUL character",
+                LockName::MAX_LEN
+            ),
+        });
+    }
+    Ok(limit.min(MAX_LIST))
 }

@@ -94,6 +94,19 @@ pub enum WaitMechanism {
     Poll,
 }
 
+impl WaitMechanism {
+    /// A few words for tables and `polylock status`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            WaitMechanism::InProcess => "in-process notification",
+            WaitMechanism::PubSub => "pub/sub message",
+            WaitMechanism::Watch => "watch on the predecessor",
+            WaitMechanism::Notify => "LISTEN/NOTIFY",
+            WaitMechanism::Poll => "polling with jittered backoff",
+        }
+    }
+}
+
 /// When fencing tokens strictly increase.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -142,6 +155,13 @@ pub struct Guarantees {
     pub ttl_granularity: Duration,
     /// The backend can remove a lock it does not own (`force_release`).
     pub force_release: bool,
+    /// The backend keeps [`AcquireRequest::meta`](crate::AcquireRequest)
+    /// beside the lock and returns it from `inspect` and `list`.
+    pub holder_meta: bool,
+    /// The backend can enumerate held locks (`list`).
+    pub list: bool,
+    /// The backend can count a lock's waiters (`waiters`).
+    pub counts_waiters: bool,
 }
 
 impl Guarantees {
@@ -158,6 +178,9 @@ impl Guarantees {
             min_ttl: Duration::from_millis(1),
             ttl_granularity: Duration::from_millis(1),
             force_release: false,
+            holder_meta: false,
+            list: false,
+            counts_waiters: false,
         }
     }
 

@@ -35,6 +35,7 @@ mod held;
 mod lease;
 mod locker;
 mod memory;
+mod meta;
 mod name;
 mod observe;
 mod owner;
@@ -45,7 +46,8 @@ pub mod wait;
 mod watchdog;
 
 pub use backend::{
-    validate_ttl, validate_wait, AcquireRequest, HolderInfo, LockBackend, MAX_TTL, MAX_WAIT,
+    validate_list, validate_ttl, validate_wait, AcquireRequest, HolderInfo, LockBackend, MAX_LIST,
+    MAX_TTL, MAX_WAIT,
 };
 pub use error::{BoxError, LockError, Result};
 pub use guarantees::{ExpiryClock, FencingGuarantee, Guarantees, WaitMechanism};
@@ -53,6 +55,7 @@ pub use guard::LockGuard;
 pub use lease::{ClockPolicy, Lease};
 pub use locker::{LockBuilder, Locker, RunOutcome, DEFAULT_TTL};
 pub use memory::MemoryBackend;
+pub use meta::HolderMeta;
 pub use name::LockName;
 pub use owner::Owner;
 pub use redact::redact_url;

@@ -117,6 +117,7 @@ impl Locker {
             wait: self.wait,
             owner: None,
             auto_renew: true,
+            meta: None,
         }
     }
 
@@ -159,6 +160,7 @@ pub struct LockBuilder {
     wait: Option<Duration>,
     owner: Option<Owner>,
     auto_renew: bool,
+    meta: Option<crate::HolderMeta>,
 }
 
 /// How a [`LockBuilder::run_reporting`] ended: the closure ran to its end,
@@ -222,6 +224,27 @@ impl LockBuilder {
     /// is released.
     pub fn auto_renew(mut self, on: bool) -> Self {
         self.auto_renew = on;
+        self
+    }
+
+    /// Stores `meta` (host, pid, command, start time) beside the lock, on
+    /// backends that declare [`Guarantees::holder_meta`], so `inspect`,
+    /// `list` and `polylock status` can say who holds it. Off by default:
+    /// the command line is readable by anyone who can read the service.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_core::LockError> {
+    /// use lock_core::{HolderMeta, LockBackend, LockName, Locker, MemoryBackend};
+    /// let backend = MemoryBackend::new();
+    /// let locker = Locker::new(backend.clone());
+    /// let guard = locker.lock("job").holder_meta(HolderMeta::of_this_process("nightly")).acquire().await?;
+    /// let holder = backend.inspect(&LockName::new("job")?).await?.expect("held");
+    /// assert_eq!(holder.meta.expect("kept").pid, std::process::id());
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn holder_meta(mut self, meta: crate::HolderMeta) -> Self {
+        self.meta = Some(meta);
         self
     }
 
@@ -323,6 +346,7 @@ impl LockBuilder {
             .map_or_else(OwnerToken::random, Owner::token);
         let mut req = AcquireRequest::new(name, owner_token, self.ttl, wait_for)?;
         req.clock = self.locker.clock;
+        req.meta = self.meta.clone();
         let started = Instant::now();
 
         let _turn = match &self.owner {

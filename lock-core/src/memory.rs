@@ -1,6 +1,7 @@
 //! The in-process reference backend.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -8,10 +9,11 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{AcquireRequest, HolderInfo, LockBackend};
+use crate::backend::{validate_list, AcquireRequest, HolderInfo, LockBackend};
 use crate::error::LockError;
 use crate::guarantees::{ExpiryClock, FencingGuarantee, Guarantees, WaitMechanism};
 use crate::lease::Lease;
+use crate::meta::HolderMeta;
 use crate::name::LockName;
 use crate::token::{FencingToken, OwnerToken};
 use crate::wait::{acquire_loop, Backoff};
@@ -41,6 +43,8 @@ pub struct MemoryBackend {
 struct Inner {
     table: Mutex<Table>,
     released: Notify,
+    /// Acquire calls waiting, per name.
+    waiting: Mutex<HashMap<LockName, Arc<AtomicUsize>>>,
 }
 
 #[derive(Debug, Default)]
@@ -55,6 +59,27 @@ struct Entry {
     owner: OwnerToken,
     fence: FencingToken,
     expires_at: Instant,
+    meta: Option<HolderMeta>,
+}
+
+impl Entry {
+    fn holder(&self, now: Instant) -> HolderInfo {
+        HolderInfo::new(
+            self.owner.to_string(),
+            Some(self.fence),
+            Some(self.expires_at.saturating_duration_since(now)),
+        )
+        .with_meta(self.meta.clone())
+    }
+}
+
+/// Counts one waiting acquire for as long as it lives.
+struct Waiting(Arc<AtomicUsize>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Table {
@@ -101,6 +126,7 @@ impl LockBackend for MemoryBackend {
                 owner: req.owner,
                 fence,
                 expires_at: sent_at + req.ttl,
+                meta: req.meta.clone(),
             },
         );
         Ok(Some(req.lease(fence, req.ttl, sent_at)))
@@ -111,6 +137,12 @@ impl LockBackend for MemoryBackend {
             initial: Duration::from_millis(1),
             max: Duration::from_millis(20),
         };
+        let _waiting = (!req.wait.is_zero()).then(|| {
+            let mut w = self.inner.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            let n = Arc::clone(w.entry(req.name.clone()).or_default());
+            n.fetch_add(1, Ordering::Relaxed);
+            Waiting(n)
+        });
         acquire_loop(
             || self.try_acquire(req),
             req.wait_deadline(),
@@ -172,13 +204,33 @@ impl LockBackend for MemoryBackend {
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
         let now = Instant::now();
         let mut t = self.table();
-        Ok(t.live(name, now).map(|e| {
-            HolderInfo::new(
-                e.owner.to_string(),
-                Some(e.fence),
-                Some(e.expires_at.saturating_duration_since(now)),
-            )
-        }))
+        Ok(t.live(name, now).map(|e| e.holder(now)))
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<(LockName, HolderInfo)>, LockError> {
+        let limit = validate_list(prefix, limit)?;
+        let now = Instant::now();
+        let t = self.table();
+        let mut out: Vec<_> = t
+            .held
+            .iter()
+            .filter(|(name, e)| name.as_str().starts_with(prefix) && e.expires_at > now)
+            .map(|(name, e)| (name.clone(), e.holder(now)))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    async fn waiters(&self, name: &LockName) -> Result<Option<usize>, LockError> {
+        let w = self.inner.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        // The holder's own acquire call is still counted until it returns;
+        // a granted waiter leaves the count as its call completes.
+        Ok(Some(w.get(name).map_or(0, |n| n.load(Ordering::Relaxed))))
     }
 
     async fn force_release(&self, name: &LockName) -> Result<bool, LockError> {
@@ -199,6 +251,9 @@ impl LockBackend for MemoryBackend {
         g.survives_failover = false;
         g.wait = WaitMechanism::InProcess;
         g.force_release = true;
+        g.holder_meta = true;
+        g.list = true;
+        g.counts_waiters = true;
         g
     }
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::{FencingGuarantee, Guarantees, WaitMechanism};
+use lock_core::{FencingGuarantee, Guarantees};
 
 /// What each backend compiled into this build declares it guarantees, in a
 /// stable order (that of the backend list in the registry). These are the
@@ -27,14 +27,7 @@ pub fn guarantees_table() -> String {
             }
             _ => "see backend docs".to_string(),
         };
-        let wait = match g.wait {
-            WaitMechanism::InProcess => "in-process notification",
-            WaitMechanism::PubSub => "pub/sub message",
-            WaitMechanism::Watch => "watch on the predecessor",
-            WaitMechanism::Notify => "LISTEN/NOTIFY",
-            WaitMechanism::Poll => "polling with jittered backoff",
-            _ => "see backend docs",
-        };
+        let wait = g.wait.describe();
         out += &format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} |\n",
             g.backend,

@@ -91,6 +91,9 @@ pub fn all() -> Vec<Case> {
         case!(reentrancy::reentry_after_loss_takes_a_new_lease),
         case!(declared::granted_ttl_follows_the_declared_minimum_and_step),
         case!(declared::force_release_does_what_is_declared),
+        case!(declared::holder_meta_is_kept_where_declared),
+        case!(declared::list_shows_the_held_locks_under_a_prefix),
+        case!(declared::waiters_are_counted_where_declared),
         case!(declared::held_lock_survives_a_server_restart, |g| g
             .survives_restart),
     ]
