@@ -83,6 +83,10 @@ pub fn guarantees(legacy: &Guarantees, target: &Guarantees, phase: Phase) -> Gua
             g.min_ttl = legacy.min_ttl.max(target.min_ttl);
             g.ttl_granularity = legacy.ttl_granularity.max(target.ttl_granularity);
             g.force_release = legacy.force_release && target.force_release;
+            // `inspect` answers with the target's holder when there is one.
+            g.holder_meta = target.holder_meta;
+            g.list = legacy.list && target.list;
+            g.counts_waiters = legacy.counts_waiters && target.counts_waiters;
             g
         }
     }
@@ -479,6 +483,60 @@ impl LockBackend for MigrateBackend {
         let t = self.target.force_release(name).await?;
         let l = self.legacy.force_release(name).await?;
         Ok(t || l)
+    }
+
+    /// In `both`: the locks held on either side, each with the target's
+    /// holder where there is one (as `inspect`), so a legacy-only holder is
+    /// listed too.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn list(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<(LockName, HolderInfo)>, LockError> {
+        if let Some(side) = self.only() {
+            return side.list(prefix, limit).await;
+        }
+        let limit = lock_core::validate_list(prefix, limit)?;
+        let (legacy, target) = futures::future::join(
+            self.legacy.list(prefix, limit),
+            self.target.list(prefix, limit),
+        )
+        .await;
+        let mut merged: std::collections::BTreeMap<LockName, HolderInfo> =
+            legacy?.into_iter().collect();
+        merged.extend(target?);
+        Ok(merged.into_iter().take(limit).collect())
+    }
+
+    /// In `both`: the waiters of both sides. A `both` waiter queues on the
+    /// legacy lock, then on the target lock, so it is counted once.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn waiters(&self, name: &LockName) -> Result<Option<usize>, LockError> {
+        if let Some(side) = self.only() {
+            return side.waiters(name).await;
+        }
+        let (legacy, target) =
+            futures::future::join(self.legacy.waiters(name), self.target.waiters(name)).await;
+        Ok(match (legacy?, target?) {
+            (Some(l), Some(t)) => Some(l + t),
+            _ => None,
+        })
+    }
+
+    fn wake_mode(&self) -> String {
+        match self.only() {
+            Some(side) => side.wake_mode(),
+            None => format!(
+                "legacy: {}; target: {}",
+                self.legacy.wake_mode(),
+                self.target.wake_mode()
+            ),
+        }
     }
 
     fn guarantees(&self) -> Guarantees {

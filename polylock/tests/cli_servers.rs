@@ -1,7 +1,7 @@
-//! `polylock run` and `hold` as processes against real Redis and etcd
+//! `polylock run`, `hold`, `status` and `list` as processes against real
 //! servers (spawned by testkit): the command never runs past the lease's
-//! deadline when the server dies, `hold` works, and polylock exits promptly
-//! when the server is gone.
+//! deadline when the server dies, `hold` works, polylock exits promptly
+//! when the server is gone, and `status`/`list` describe live holders.
 
 mod common;
 
@@ -142,4 +142,40 @@ fn hold_works_on_postgres() {
     let dir = tempfile::tempdir().unwrap();
     let server = testkit::PostgresServer::start().expect("start postgres");
     hold_until_stdin_closes(dir.path(), Some(&server.url()));
+}
+
+#[test]
+fn holders_are_described_and_listed_on_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, url) = redis();
+    holders_are_described_and_listed(dir.path(), Some(&url));
+}
+
+#[test]
+fn holders_are_described_and_listed_on_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, url) = etcd();
+    holders_are_described_and_listed(dir.path(), Some(&url));
+}
+
+#[test]
+fn holders_are_described_and_listed_on_postgres() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = testkit::PostgresServer::start().expect("start postgres");
+    holders_are_described_and_listed(dir.path(), Some(&server.url()));
+}
+
+#[test]
+fn holders_are_described_and_listed_on_mariadb() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = testkit::MariaDbServer::start().expect("start mariadb");
+    holders_are_described_and_listed(dir.path(), Some(&server.url()));
+}
+
+#[test]
+fn holders_are_described_and_listed_on_zookeeper() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = testkit::ZooKeeperServer::start().expect("start zookeeper");
+    let url = format!("zk://{}", server.connect_string());
+    holders_are_described_and_listed(dir.path(), Some(&url));
 }

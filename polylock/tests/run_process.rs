@@ -169,6 +169,20 @@ fn hold_works_on_sqlite() {
 }
 
 #[test]
+fn holders_are_described_and_listed_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    holders_are_described_and_listed(dir.path(), None);
+}
+
+#[test]
+fn list_is_refused_where_the_backend_cannot_enumerate_or_is_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = output(polylock(dir.path(), Some("memory://")).arg("list"));
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("inside one process"), "{}", text(&out.stderr));
+}
+
+#[test]
 fn help_lists_every_scheme_the_exit_codes_and_examples() {
     let dir = tempfile::tempdir().unwrap();
     let help = text(&output(polylock(dir.path(), None).arg("--help")).stdout);

@@ -111,3 +111,80 @@ pub(crate) fn hold_until_stdin_closes(dir: &Path, url: Option<&str>) {
         "not released"
     );
 }
+
+/// `hold NAME` with `extra` flags; as [`start_hold`].
+pub(crate) fn start_hold_with(
+    dir: &Path,
+    url: Option<&str>,
+    name: &str,
+    extra: &[&str],
+) -> (Child, u64) {
+    let mut child = polylock(dir, url)
+        .arg("hold")
+        .args(extra)
+        .arg(name)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn hold");
+    let stdout: ChildStdout = child.stdout.take().unwrap();
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let fence = line
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("hold printed {line:?}"));
+    (child, fence)
+}
+
+/// This host's name as the kernel has it (what polylock stores).
+pub(crate) fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .expect("/proc/sys/kernel/hostname")
+        .trim()
+        .to_string()
+}
+
+/// Two `hold` processes under one prefix: `status` names each one's host,
+/// pid and command, `list PREFIX` shows both (and nothing outside the
+/// prefix), a `--no-meta` holder is shown without them, and once all are
+/// released `list` finds nothing (exit 1).
+pub(crate) fn holders_are_described_and_listed(dir: &Path, url: Option<&str>) {
+    let host = host_name();
+    let (mut a, _) = start_hold(dir, url, "described/a");
+    let (mut b, _) = start_hold(dir, url, "described/b c");
+    let (mut quiet, _) = start_hold_with(dir, url, "described-quiet", &["--no-meta"]);
+    let out = output(polylock(dir, url).args(["status", "described/a"]));
+    let s = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{s}{}", text(&out.stderr));
+    assert!(s.contains(&format!("pid:           {}\n", a.id())), "{s}");
+    assert!(s.contains(&format!("host:          {host}\n")), "{s}");
+    assert!(s.contains("command:       polylock hold\n"), "{s}");
+    assert!(s.contains("since:         ") && s.contains(" UTC ("), "{s}");
+    assert!(s.contains("wake-up:       "), "{s}");
+    let out = output(polylock(dir, url).args(["status", "described-quiet"]));
+    let s = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{s}");
+    assert!(!s.contains("pid:") && !s.contains("host:"), "--no-meta: {s}");
+
+    let out = output(polylock(dir, url).args(["list", "described/"]));
+    let s = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{s}{}", text(&out.stderr));
+    let lines: Vec<&str> = s.lines().collect();
+    assert_eq!(lines.len(), 2, "{s}");
+    assert!(lines[0].starts_with("described/a  "), "{s}");
+    assert!(lines[1].starts_with("described/b c  "), "{s}");
+    assert!(lines[0].ends_with(&format!("pid {} on {host}", a.id())), "{s}");
+    assert!(lines[1].ends_with(&format!("pid {} on {host}", b.id())), "{s}");
+    let all = text(&output(polylock(dir, url).arg("list")).stdout);
+    assert!(all.lines().any(|l| l.starts_with("described-quiet  ")), "{all}");
+
+    for child in [&mut a, &mut b, &mut quiet] {
+        drop(child.stdin.take());
+        assert!(child.wait().unwrap().success());
+    }
+    let out = output(polylock(dir, url).args(["list", "described"]));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
+}

@@ -1,23 +1,60 @@
-//! `status` and `release --force`.
+//! `status`, `list` and `release --force`.
 
-use polylock::{HolderInfo, LockName, Locker};
+use polylock::{HolderInfo, LockError, LockName, Locker};
 
-use crate::duration::show;
+use crate::duration::{show, show_time};
 use crate::{exit, Failure};
 
 pub(crate) async fn status(locker: &Locker, name: &str) -> Result<u8, Failure> {
     let name = LockName::new(name)?;
-    match locker.backend().inspect(&name).await? {
+    let backend = locker.backend();
+    let (info, waiters) = tokio::join!(backend.inspect(&name), backend.waiters(&name));
+    let code = match info? {
         None => {
             println!("{}: free", shown(name.as_str()));
-            Ok(exit::FREE)
+            exit::FREE
         }
         Some(info) => {
             println!("{}: {}", shown(name.as_str()), holder(&info));
             print_holder(&info, "  ");
-            Ok(0)
+            0
         }
+    };
+    print_queue(waiters?, &backend.wake_mode(), "  ");
+    Ok(code)
+}
+
+/// `list [PREFIX]`: one line per held lock.
+pub(crate) async fn list(locker: &Locker, prefix: &str, limit: usize) -> Result<u8, Failure> {
+    let backend = locker.backend();
+    let locks = match backend.list(prefix, limit).await {
+        Err(LockError::Unsupported { backend, .. }) => {
+            return Err(Failure::new(
+                exit::USAGE,
+                format!(
+                    "the {backend} backend cannot enumerate its locks (`polylock status NAME` \
+                     shows one lock)"
+                ),
+            ))
+        }
+        other => other?,
+    };
+    for (name, info) in &locks {
+        let fence = info.fence.map_or("?".to_string(), |f| f.to_string());
+        let left = info.expires_in.map_or("?".to_string(), show);
+        let who = info.meta.as_ref().map_or(String::new(), |m| {
+            format!("  pid {} on {}", m.pid, shown(&m.host))
+        });
+        println!(
+            "{}  {}  fence {fence}  expires in {left}{who}",
+            shown(name.as_str()),
+            shown(&owner_prefix(&info.owner)),
+        );
     }
+    if locks.len() == limit {
+        eprintln!("polylock: showing the first {limit} locks (--limit raises it)");
+    }
+    Ok(if locks.is_empty() { exit::FREE } else { 0 })
 }
 
 fn holder(info: &HolderInfo) -> String {
@@ -29,6 +66,21 @@ fn print_holder(info: &HolderInfo, indent: &str) {
     let left = info.expires_in.map_or("unknown".to_string(), show);
     println!("{indent}fencing token: {fence}");
     println!("{indent}expires in:    {left}");
+    if let Some(m) = &info.meta {
+        println!("{indent}host:          {}", shown(&m.host));
+        println!("{indent}pid:           {}", m.pid);
+        println!("{indent}command:       {}", shown(&m.command));
+        println!("{indent}since:         {}", show_time(m.since));
+    }
+}
+
+/// Who waits, where the backend can count them, and how they are woken.
+fn print_queue(waiters: Option<usize>, wake_mode: &str, indent: &str) {
+    if let Some(n) = waiters {
+        let s = if n == 1 { "" } else { "s" };
+        println!("{indent}waiting:       {n} client{s}");
+    }
+    println!("{indent}wake-up:       {}", shown(wake_mode));
 }
 
 /// `status` of a migration lock: both sides, whatever the URL's phase, so
@@ -39,15 +91,24 @@ pub(crate) async fn status_migrate(url: &str, name: &str) -> Result<u8, Failure>
     let config = polylock::MigrateConfig::parse(url)?;
     let m = polylock::connect_migrate_config(&config).await?;
     let sides = m.inspect_sides(&name).await?;
+    let (legacy_waiters, target_waiters) =
+        tokio::join!(m.legacy().waiters(&name), m.target().waiters(&name));
+    let queues = [
+        (legacy_waiters?, m.legacy().wake_mode()),
+        (target_waiters?, m.target().wake_mode()),
+    ];
     println!(
         "{}: migration lock (this URL's phase: {})",
         shown(name.as_str()),
         config.phase()
     );
-    for (side, url, info) in [
+    for ((side, url, info), (waiters, wake_mode)) in [
         ("legacy", config.legacy_url(), &sides.legacy),
         ("target", config.target_url(), &sides.target),
-    ] {
+    ]
+    .into_iter()
+    .zip(queues)
+    {
         let url = polylock::redact_url(url);
         match info {
             None => println!("  {side} ({}): free", shown(&url)),
@@ -56,6 +117,7 @@ pub(crate) async fn status_migrate(url: &str, name: &str) -> Result<u8, Failure>
                 print_holder(info, "    ");
             }
         }
+        print_queue(waiters, &wake_mode, "    ");
     }
     // Holder identities are each backend's own (a Redis value, an etcd key,
     // a ZooKeeper node), so the two sides cannot be matched by owner; what

@@ -2,7 +2,7 @@
 //! ([`polylock::duration`]: `500ms`, `1.5s`, `2m`, `1h`, `1m30s`), with a
 //! bare number in seconds (`--ttl 30` is 30 s), as it always was here.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use polylock::duration::BareNumber;
 use polylock::LockError;
@@ -15,25 +15,52 @@ pub(crate) fn parse(s: &str) -> Result<Duration, String> {
     })
 }
 
-/// `Duration` as people write it: `1m30s`, `250ms`.
+/// `Duration` as people read it, in the same grammar: whole seconds from a
+/// second up (`1m30s`), whole milliseconds below (`250ms`).
 pub(crate) fn show(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms < 1000 {
-        return format!("{ms}ms");
+    let shown = if d < Duration::from_secs(1) {
+        Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(0))
+    } else {
+        Duration::from_secs(d.as_secs())
+    };
+    polylock::duration::format(shown)
+}
+
+/// `t` as a UTC date and time to the second (`2026-12-01 15:04:05 UTC`),
+/// and how long ago that was by this host's clock.
+pub(crate) fn show_time(t: SystemTime) -> String {
+    let (secs, ago) = match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => (d.as_secs(), SystemTime::now().duration_since(t).ok()),
+        Err(_) => return "before 1970 (a wrong clock)".into(),
+    };
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days);
+    let when = format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    );
+    match ago {
+        Some(ago) => format!("{when} ({} ago)", show(ago)),
+        None => format!("{when} (in the future by this host's clock)"),
     }
-    let secs = d.as_secs();
-    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
-    let mut out = String::new();
-    if h > 0 {
-        out += &format!("{h}h");
-    }
-    if m > 0 {
-        out += &format!("{m}m");
-    }
-    if s > 0 || out.is_empty() {
-        out += &format!("{s}s");
-    }
-    out
+}
+
+/// Year, month, day of the `days`-th day after 1970-01-01 in the proleptic
+/// Gregorian calendar (the era-based conversion: 400-year eras of 146,097
+/// days, years starting in March so the leap day ends the year).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d)
 }
 
 #[cfg(test)]
@@ -53,5 +80,20 @@ mod tests {
         }
         assert_eq!(show(Duration::from_secs(90)), "1m30s");
         assert_eq!(show(Duration::from_millis(250)), "250ms");
+        assert_eq!(show(Duration::from_millis(29_999)), "29s");
+        assert_eq!(show(Duration::ZERO), "0s");
+    }
+
+    #[test]
+    fn shows_utc_dates() {
+        let at = |s: u64| show_time(UNIX_EPOCH + Duration::from_secs(s));
+        assert!(at(0).starts_with("1970-01-01 00:00:00 UTC"), "{}", at(0));
+        // 2000-02-29 (a leap day in a year divisible by 400), 12:34:56.
+        assert!(at(951_827_696).starts_with("2000-02-29 12:34:56 UTC"), "{}", at(951_827_696));
+        // 2026-12-01 00:00:00.
+        assert!(at(1_796_083_200).starts_with("2026-12-01 00:00:00 UTC"), "{}", at(1_796_083_200));
+        assert!(at(1_796_083_200).ends_with(" ago)"));
+        let later = SystemTime::now() + Duration::from_secs(3600);
+        assert!(show_time(later).contains("in the future"));
     }
 }

@@ -88,6 +88,11 @@ struct LockFlags {
     /// Exit code when the lock is held elsewhere (after -n or --wait).
     #[arg(short = 'E', long, default_value_t = exit::LOCK_TIMEOUT, value_name = "CODE")]
     conflict_exit_code: u8,
+    /// Do not store this host's name, polylock's pid, the command line and the start
+    /// time beside the lock (stored by default, for `status`; anyone who can read
+    /// the lock service can read them).
+    #[arg(long)]
+    no_meta: bool,
 }
 
 impl LockFlags {
@@ -96,8 +101,10 @@ impl LockFlags {
         self.ttl.or(config.ttl()).unwrap_or(Duration::from_secs(30))
     }
 
-    fn args(&self, config: &Config) -> run::LockArgs {
+    /// `command`: what `status` shows as the holder's command line.
+    fn args(&self, config: &Config, command: &str) -> run::LockArgs {
         run::LockArgs {
+            meta: (!self.no_meta).then(|| polylock::HolderMeta::of_this_process(command)),
             name: self.name.clone(),
             ttl: self.ttl(config),
             wait: if self.nonblock {
@@ -157,7 +164,7 @@ deadline; if the lock is found lost, it is killed at once.
         #[command(flatten)]
         lock: LockFlags,
     },
-    /// Show who holds a lock, its fencing token and time left (exit 1 if free).
+    /// Show who holds a lock (token, time left, host, pid, command), who waits (exit 1 if free).
     #[command(after_help = "Examples:
   polylock status nightly-report
   polylock --url redis://cache:6379 status deploy
@@ -167,6 +174,23 @@ shown: who holds the legacy lock and who holds the target lock.")]
     Status {
         /// Lock name.
         name: String,
+    },
+    /// List the held locks whose names start with PREFIX (exit 1 if none).
+    #[command(after_help = "Examples:
+  polylock list
+  polylock --url etcd://10.0.0.5:2379 list reports/
+
+One line per lock: name, a prefix of the holder's token, fencing token, time left, and the
+holder's pid and host when it stored them (polylock run and hold do, unless --no-meta).
+Backends that cannot enumerate their locks say so (exit 64). On Redis only locks polylock
+took are listed: a foreign client's key looks like any other key.")]
+    List {
+        /// Name prefix (default: every lock).
+        #[arg(default_value = "")]
+        prefix: String,
+        /// At most this many locks.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
     },
     /// Print what each backend in this build guarantees, as a Markdown table.
     Guarantees,
@@ -302,6 +326,8 @@ fn init_logging(verbose: u8) {
             .with_target("backend_sql", level)
             .with_target("backend_redis", level)
             .with_target("backend_etcd", level)
+            .with_target("backend_zk", level)
+            .with_target("backend_migrate", level)
     };
     let filter = match std::env::var("RUST_LOG") {
         Ok(spec) if !spec.trim().is_empty() => spec.parse::<Targets>().unwrap_or_else(|e| {
@@ -397,11 +423,17 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             };
             run::check_ttl(None, lock.ttl(&config))?;
             let locker = connect(&config).await?;
-            run::run(&locker, &lock.args(&config), grace, &command).await
+            let line = command
+                .iter()
+                .map(|a| a.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" ");
+            run::run(&locker, &lock.args(&config, &line), grace, &command).await
         }
         Command::Hold { lock } => {
             run::check_ttl(None, lock.ttl(&config))?;
-            run::hold(&connect(&config).await?, &lock.args(&config)).await
+            let args = lock.args(&config, "polylock hold");
+            run::hold(&connect(&config).await?, &args).await
         }
         Command::Guarantees => {
             print!("{}", polylock::guarantees_table());
@@ -411,6 +443,9 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             admin::status_migrate(&url, &name).await
         }
         Command::Status { name } => admin::status(&connect(&config).await?, &name).await,
+        Command::List { prefix, limit } => {
+            admin::list(&connect(&config).await?, &prefix, limit).await
+        }
         Command::Release { name, force } => {
             if !force {
                 return Err(Failure::new(

@@ -34,6 +34,8 @@ pub(crate) struct LockArgs {
     pub(crate) wait: Duration,
     /// Exit code when the lock is held elsewhere (flock's `-E`).
     pub(crate) conflict: u8,
+    /// Who holds it, stored beside the lock for `status` (`None`: --no-meta).
+    pub(crate) meta: Option<polylock::HolderMeta>,
 }
 
 /// SIGINT, SIGTERM and SIGHUP, listened to before anything is held so none
@@ -103,11 +105,11 @@ async fn take(
     args: &LockArgs,
     signals: &mut Signals,
 ) -> Result<Result<LockGuard, u8>, Failure> {
-    let acquire = locker
-        .lock(&args.name)
-        .ttl(args.ttl)
-        .wait(args.wait)
-        .acquire();
+    let mut builder = locker.lock(&args.name).ttl(args.ttl).wait(args.wait);
+    if let Some(meta) = &args.meta {
+        builder = builder.holder_meta(meta.clone());
+    }
+    let acquire = builder.acquire();
     tokio::select! {
         r = acquire => match r {
             Ok(g) => Ok(Ok(g)),
