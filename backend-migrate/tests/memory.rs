@@ -55,6 +55,10 @@ fn every_case_passes_in_every_phase_over_two_memory_tables() {
             .iter()
             .filter_map(|(name, r)| r.as_ref().err().map(|e| format!("{name}: {e}")))
             .collect();
-        assert!(failed.is_empty(), "{phase:?}: failed cases:\n{}", failed.join("\n"));
+        assert!(
+            failed.is_empty(),
+            "{phase:?}: failed cases:\n{}",
+            failed.join("\n")
+        );
     }
 }

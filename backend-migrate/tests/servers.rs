@@ -71,6 +71,16 @@ fn conformance_redis_to_etcd_in_phase_both() {
     run_conformance(fixture);
 }
 
+#[test]
+fn conformance_redis_to_postgres_in_phase_both() {
+    let redis = RedisServer::start().unwrap();
+    let pg = testkit::PostgresServer::start().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let fixture = rt.block_on(MigrateFixture::new(&redis.url(), &pg.url(), Phase::Both));
+    drop(rt);
+    run_conformance(fixture);
+}
+
 fn req(name: &LockName, wait: Duration) -> AcquireRequest {
     AcquireRequest::new(
         name.clone(),

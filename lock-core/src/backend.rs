@@ -12,6 +12,7 @@ use crate::lease::{ClockPolicy, Lease};
 use crate::meta::HolderMeta;
 use crate::name::LockName;
 use crate::token::{FencingToken, OwnerToken};
+use crate::wait::Backoff;
 
 /// The longest TTL accepted: long enough for any lease, short enough that
 /// every backend can represent it in milliseconds and add it to a clock.
@@ -40,6 +41,11 @@ pub struct AcquireRequest {
     /// Who asks, stored beside the lock by backends that declare
     /// [`Guarantees::holder_meta`] (ignored by the others).
     pub meta: Option<HolderMeta>,
+    /// How often a waiting acquire tries again when it polls, or after a
+    /// retryable error; `None`: the backend's own pacing. Backends whose
+    /// waiters are woken by the server (pub/sub, watches) still wake at
+    /// once; this paces their fallback polls and their retries.
+    pub retry: Option<Backoff>,
 }
 
 impl AcquireRequest {
@@ -69,7 +75,14 @@ impl AcquireRequest {
             wait,
             clock: ClockPolicy::default(),
             meta: None,
+            retry: None,
         })
+    }
+
+    /// The pacing to wait with: the request's, else the backend's
+    /// `default`.
+    pub fn backoff_or(&self, default: Backoff) -> Backoff {
+        self.retry.unwrap_or(default)
     }
 
     /// The same request carrying a holder description.

@@ -17,6 +17,7 @@ use crate::name::LockName;
 use crate::observe::{self, Outcome};
 use crate::owner::Owner;
 use crate::token::OwnerToken;
+use crate::wait::Backoff;
 use crate::watchdog::Watchdog;
 
 /// The default lease length.
@@ -54,6 +55,7 @@ pub struct Locker {
     /// None: acquire waits until it holds the lock.
     wait: Option<Duration>,
     clock: ClockPolicy,
+    retry: Option<Backoff>,
 }
 
 impl Locker {
@@ -72,6 +74,7 @@ impl Locker {
             ttl: DEFAULT_TTL,
             wait: None,
             clock: ClockPolicy::default(),
+            retry: None,
         }
     }
 
@@ -89,6 +92,15 @@ impl Locker {
         validate_wait(wait)?;
         self.wait = Some(wait);
         Ok(self)
+    }
+
+    /// Paces the attempts of waiting acquires through this locker where the
+    /// backend polls (a fallback beside its notifications, or its only way)
+    /// and after retryable errors: `backoff.initial` doubling up to
+    /// `backoff.max`, jittered. Without it each backend paces itself.
+    pub fn with_retry(mut self, backoff: Backoff) -> Self {
+        self.retry = Some(backoff);
+        self
     }
 
     /// Sets how lease deadlines are computed.
@@ -347,6 +359,7 @@ impl LockBuilder {
         let mut req = AcquireRequest::new(name, owner_token, self.ttl, wait_for)?;
         req.clock = self.locker.clock;
         req.meta = self.meta.clone();
+        req.retry = self.locker.retry;
         let started = Instant::now();
 
         let _turn = match &self.owner {

@@ -133,10 +133,10 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
-        let backoff = Backoff {
+        let backoff = req.backoff_or(Backoff {
             initial: Duration::from_millis(1),
             max: Duration::from_millis(20),
-        };
+        });
         let _waiting = (!req.wait.is_zero()).then(|| {
             let mut w = self.inner.waiting.lock().unwrap_or_else(|p| p.into_inner());
             let n = Arc::clone(w.entry(req.name.clone()).or_default());

@@ -38,6 +38,41 @@ impl Default for Backoff {
 }
 
 impl Backoff {
+    /// The longest pause accepted: a waiter that polls less often than
+    /// this would notice a free lock too late to be of use.
+    pub const MAX_PAUSE: Duration = Duration::from_secs(60);
+
+    /// A pacing from `initial` doubling up to `max`; refused (a typed
+    /// error, before any I/O) unless `0 < initial <= max <= MAX_PAUSE`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_core::wait::Backoff;
+    /// assert!(Backoff::new(Duration::from_millis(10), Duration::from_secs(1)).is_ok());
+    /// assert!(Backoff::new(Duration::ZERO, Duration::from_secs(1)).is_err());
+    /// assert!(Backoff::new(Duration::from_secs(2), Duration::from_secs(1)).is_err());
+    /// ```
+    pub fn new(initial: Duration, max: Duration) -> Result<Self, LockError> {
+        let why = if initial.is_zero() {
+            Some("the first pause must be above zero".to_string())
+        } else if max < initial {
+            Some(format!(
+                "the longest pause ({max:?}) is shorter than the first ({initial:?})"
+            ))
+        } else if max > Self::MAX_PAUSE {
+            Some(format!(
+                "the longest pause ({max:?}) is above the maximum of {:?}",
+                Self::MAX_PAUSE
+            ))
+        } else {
+            None
+        };
+        match why {
+            Some(why) => Err(LockError::Config(format!("retry: {why}"))),
+            None => Ok(Backoff { initial, max }),
+        }
+    }
+
     /// A pause drawn uniformly from `[d/2, d]`, so that waiters released at
     /// the same moment do not retry in lockstep.
     fn jittered(d: Duration) -> Duration {

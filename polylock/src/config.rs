@@ -9,6 +9,10 @@
 //! watchdog = true                 # renew while a guard lives (Config::lock)
 //! key_prefix = "billing/"         # redis, etcd, zk: the `prefix=` URL option
 //!
+//! [retry]                         # pacing of polls and retries while waiting
+//! initial = "10ms"                # first pause, doubling (jittered) ...
+//! max = "500ms"                   # ... up to this
+//!
 //! [credentials]
 //! user = "app"
 //! password_env = "REDIS_PASSWORD" # the variable's NAME; its value is never shown
@@ -33,6 +37,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use lock_core::url::LockUrl;
+use lock_core::wait::Backoff;
 use lock_core::{redact_url, LockBuilder, LockError, Locker};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use toml_edit::{Document, Item, Table, Value};
@@ -53,6 +58,7 @@ pub struct Config {
     ttl: Option<Duration>,
     wait: Option<Duration>,
     watchdog: bool,
+    retry: Option<Backoff>,
 }
 
 impl fmt::Debug for Config {
@@ -63,6 +69,7 @@ impl fmt::Debug for Config {
             .field("ttl", &self.ttl)
             .field("wait", &self.wait)
             .field("watchdog", &self.watchdog)
+            .field("retry", &self.retry)
             .finish()
     }
 }
@@ -84,6 +91,7 @@ impl Config {
             ttl: None,
             wait: None,
             watchdog: true,
+            retry: None,
         }
     }
 
@@ -153,6 +161,7 @@ impl Config {
                 "wait",
                 "watchdog",
                 "key_prefix",
+                "retry",
                 "credentials",
                 "tls",
                 "migrate",
@@ -168,6 +177,7 @@ impl Config {
                 .as_bool()
                 .ok_or_else(|| at("watchdog", &"expected true or false"))?,
         };
+        let retry = retry(root, &at)?;
         let (url, redacted) = match (root.get("url"), root.get("migrate")) {
             (Some(_), Some(_)) => {
                 return Err(at(
@@ -209,6 +219,7 @@ impl Config {
             ttl,
             wait,
             watchdog,
+            retry,
         })
     }
 
@@ -232,12 +243,18 @@ impl Config {
         self.wait
     }
 
+    /// The pacing of polls and retries while waiting, when configured
+    /// ([`Locker::with_retry`]).
+    pub fn retry(&self) -> Option<Backoff> {
+        self.retry
+    }
+
     /// Whether guards are renewed while they live (default true).
     pub fn watchdog(&self) -> bool {
         self.watchdog
     }
 
-    /// Connects and applies the TTL and wait defaults.
+    /// Connects and applies the TTL, wait and retry defaults.
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped connect leaves no lock behind.
@@ -248,6 +265,9 @@ impl Config {
         }
         if let Some(wait) = self.wait {
             locker = locker.with_default_wait(wait)?;
+        }
+        if let Some(retry) = self.retry {
+            locker = locker.with_retry(retry);
         }
         Ok(locker)
     }
@@ -286,6 +306,24 @@ fn check_keys(table: &Table, prefix: &str, known: &[&str], at: &At<'_>) -> Resul
         }
     }
     Ok(())
+}
+
+/// The `[retry]` table: `initial` and `max`, both required.
+fn retry(root: &Table, at: &At<'_>) -> Result<Option<Backoff>, LockError> {
+    let Some(item) = root.get("retry") else {
+        return Ok(None);
+    };
+    let t = item
+        .as_table()
+        .ok_or_else(|| at("retry", &"expected a table with `initial` and `max`"))?;
+    check_keys(t, "retry.", &["initial", "max"], at)?;
+    let at_retry = |key: &str, why: &dyn fmt::Display| at(&format!("retry.{key}"), why);
+    let initial =
+        duration(t, "initial", true, &at_retry)?.ok_or_else(|| at_retry("initial", &"missing"))?;
+    let max = duration(t, "max", true, &at_retry)?.ok_or_else(|| at_retry("max", &"missing"))?;
+    Backoff::new(initial, max)
+        .map(Some)
+        .map_err(|e| at("retry", &strip(e)))
 }
 
 fn duration(
@@ -570,6 +608,40 @@ ca = "/etc/ssl/ca.pem"
         assert_eq!(u.password(), Some("hunter2/@x"));
         no_secret(&format!("{c} {c:?} {}", c.redacted_url()));
         assert!(format!("{c}").contains("/etc/app/polylock.toml"));
+    }
+
+    #[test]
+    fn retry_pacing() {
+        let c = parse("url = \"redis://h\"\n[retry]\ninitial = \"10ms\"\nmax = \"0.5s\"").unwrap();
+        assert_eq!(
+            c.retry(),
+            Some(Backoff::new(Duration::from_millis(10), Duration::from_millis(500)).unwrap())
+        );
+        assert_eq!(parse("url = \"redis://h\"").unwrap().retry(), None);
+        for (text, says) in [
+            ("[retry]\ninitial = \"10ms\"", "key `retry.max`: missing"),
+            ("[retry]\nmax = \"1s\"", "key `retry.initial`: missing"),
+            (
+                "[retry]\ninitial = \"0s\"\nmax = \"1s\"",
+                "key `retry.initial`: must be above zero",
+            ),
+            (
+                "[retry]\ninitial = \"2s\"\nmax = \"1s\"",
+                "key `retry`: retry: the longest pause",
+            ),
+            (
+                "[retry]\ninitial = \"1s\"\nmax = \"2m\"",
+                "above the maximum",
+            ),
+            (
+                "[retry]\ninitial = \"1s\"\nmax = \"2s\"\njitter = 1",
+                "key `retry.jitter`: unknown key",
+            ),
+            ("retry = \"1s\"", "key `retry`: expected a table"),
+        ] {
+            let m = err(&format!("url = \"redis://h\"\n{text}"));
+            assert!(m.contains(says), "{text:?}: {m}");
+        }
     }
 
     #[test]

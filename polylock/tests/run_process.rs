@@ -179,7 +179,11 @@ fn list_is_refused_where_the_backend_cannot_enumerate_or_is_in_process() {
     let dir = tempfile::tempdir().unwrap();
     let out = output(polylock(dir.path(), Some("memory://")).arg("list"));
     assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("inside one process"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("inside one process"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]

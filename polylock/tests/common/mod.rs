@@ -166,7 +166,10 @@ pub(crate) fn holders_are_described_and_listed(dir: &Path, url: Option<&str>) {
     let out = output(polylock(dir, url).args(["status", "described-quiet"]));
     let s = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{s}");
-    assert!(!s.contains("pid:") && !s.contains("host:"), "--no-meta: {s}");
+    assert!(
+        !s.contains("pid:") && !s.contains("host:"),
+        "--no-meta: {s}"
+    );
 
     let out = output(polylock(dir, url).args(["list", "described/"]));
     let s = text(&out.stdout);
@@ -175,10 +178,19 @@ pub(crate) fn holders_are_described_and_listed(dir: &Path, url: Option<&str>) {
     assert_eq!(lines.len(), 2, "{s}");
     assert!(lines[0].starts_with("described/a  "), "{s}");
     assert!(lines[1].starts_with("described/b c  "), "{s}");
-    assert!(lines[0].ends_with(&format!("pid {} on {host}", a.id())), "{s}");
-    assert!(lines[1].ends_with(&format!("pid {} on {host}", b.id())), "{s}");
+    assert!(
+        lines[0].ends_with(&format!("pid {} on {host}", a.id())),
+        "{s}"
+    );
+    assert!(
+        lines[1].ends_with(&format!("pid {} on {host}", b.id())),
+        "{s}"
+    );
     let all = text(&output(polylock(dir, url).arg("list")).stdout);
-    assert!(all.lines().any(|l| l.starts_with("described-quiet  ")), "{all}");
+    assert!(
+        all.lines().any(|l| l.starts_with("described-quiet  ")),
+        "{all}"
+    );
 
     for child in [&mut a, &mut b, &mut quiet] {
         drop(child.stdin.take());

@@ -89,9 +89,17 @@ mod tests {
         let at = |s: u64| show_time(UNIX_EPOCH + Duration::from_secs(s));
         assert!(at(0).starts_with("1970-01-01 00:00:00 UTC"), "{}", at(0));
         // 2000-02-29 (a leap day in a year divisible by 400), 12:34:56.
-        assert!(at(951_827_696).starts_with("2000-02-29 12:34:56 UTC"), "{}", at(951_827_696));
+        assert!(
+            at(951_827_696).starts_with("2000-02-29 12:34:56 UTC"),
+            "{}",
+            at(951_827_696)
+        );
         // 2026-12-01 00:00:00.
-        assert!(at(1_796_083_200).starts_with("2026-12-01 00:00:00 UTC"), "{}", at(1_796_083_200));
+        assert!(
+            at(1_796_083_200).starts_with("2026-12-01 00:00:00 UTC"),
+            "{}",
+            at(1_796_083_200)
+        );
         assert!(at(1_796_083_200).ends_with(" ago)"));
         let later = SystemTime::now() + Duration::from_secs(3600);
         assert!(show_time(later).contains("in the future"));
