@@ -46,6 +46,27 @@ pub fn guarantees_table() -> String {
     out
 }
 
+/// What each backend of this build can tell an operator, as a Markdown
+/// table (in the README): holder metadata (`inspect`/`status`), `list`, and
+/// the waiter count. The conformance suite checks each "yes".
+pub fn operations_table() -> String {
+    let mut out = String::from(
+        "| backend | who holds it (host, pid, command, since) | list held locks | count waiters | force release |\n\
+         |---|---|---|---|---|\n",
+    );
+    for g in declared_guarantees() {
+        out += &format!(
+            "| {} | {} | {} | {} | {} |\n",
+            g.backend,
+            yes(g.holder_meta),
+            yes(g.list),
+            yes(g.counts_waiters),
+            yes(g.force_release),
+        );
+    }
+    out
+}
+
 fn yes(b: bool) -> &'static str {
     if b {
         "yes"

@@ -29,7 +29,7 @@ mod migrate;
 mod registry;
 
 pub use config::{connect_from_env, Config};
-pub use guarantees::{declared_guarantees, guarantees_table};
+pub use guarantees::{declared_guarantees, guarantees_table, operations_table};
 pub use registry::available_schemes;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;

@@ -21,6 +21,24 @@ fn the_docs_table_is_what_the_backends_declare() {
     );
 }
 
+#[cfg(all(
+    feature = "memory",
+    feature = "sql",
+    feature = "redis",
+    feature = "etcd",
+    feature = "zk"
+))]
+#[test]
+fn the_readme_operations_table_is_what_the_backends_declare() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    let table = polylock::operations_table();
+    assert!(
+        readme.contains(&table),
+        "README.md's operations table is out of date; it should be:\n{table}"
+    );
+}
+
 #[test]
 fn every_compiled_backend_declares_its_guarantees_once() {
     let all = polylock::declared_guarantees();
