@@ -2,10 +2,23 @@
 
 use std::time::Duration;
 
+use backend_sql::SqlBackend;
 use lock_core::{LockBackend, LockError};
 use tokio::time::sleep;
 
 use crate::common::{self, try_once, unique};
+
+/// The names `client` lists under `prefix`, without the test's own
+/// prefix `p` and its slash.
+async fn listed(client: &SqlBackend, p: &str, prefix: String) -> Vec<String> {
+    client
+        .list(&prefix, 100)
+        .await
+        .unwrap_or_else(|e| panic!("list {prefix:?}: {e}"))
+        .into_iter()
+        .map(|(n, _)| n.as_str().strip_prefix(&format!("{p}/")).unwrap().to_string())
+        .collect()
+}
 
 /// LIKE's wildcards and escape character in a prefix match only
 /// themselves, case matters, and the order is the byte order of UTF-8
@@ -34,51 +47,34 @@ async fn prefixes_match_exactly_and_names_come_in_byte_order() {
                 .await
                 .expect("free"),
         );
-        let listed = |prefix: String| {
-            let client = &client;
-            async move {
-                client
-                    .list(&prefix, 100)
-                    .await
-                    .unwrap_or_else(|e| panic!("{d:?}: list {prefix:?}: {e}"))
-                    .into_iter()
-                    .map(|(n, _)| {
-                        n.as_str()
-                            .strip_prefix(&format!("{p}/"))
-                            .unwrap()
-                            .to_string()
-                    })
-                    .collect::<Vec<String>>()
-            }
-        };
         let mut all: Vec<&str> = suffixes.to_vec();
         all.sort();
-        assert_eq!(listed(format!("{p}/")).await, all, "{d:?}: everything");
+        assert_eq!(listed(&client, &p, format!("{p}/")).await, all, "{d:?}: everything");
         assert_eq!(
-            listed(p.clone()).await,
+            listed(&client, &p, p.clone()).await,
             all,
             "{d:?}: the decoy is not listed"
         );
-        assert_eq!(listed(format!("{p}/a_")).await, ["a_b"], "{d:?}: `_`");
-        assert_eq!(listed(format!("{p}/a%")).await, ["a%"], "{d:?}: `%`");
-        assert_eq!(listed(format!("{p}/!")).await, ["!!", "!x"], "{d:?}: `!`");
-        assert_eq!(listed(format!("{p}/a\\")).await, ["a\\b"], "{d:?}: `\\`");
+        assert_eq!(listed(&client, &p, format!("{p}/a_")).await, ["a_b"], "{d:?}: `_`");
+        assert_eq!(listed(&client, &p, format!("{p}/a%")).await, ["a%"], "{d:?}: `%`");
+        assert_eq!(listed(&client, &p, format!("{p}/!")).await, ["!!", "!x"], "{d:?}: `!`");
+        assert_eq!(listed(&client, &p, format!("{p}/a\\")).await, ["a\\b"], "{d:?}: `\\`");
         assert_eq!(
-            listed(format!("{p}/a")).await,
+            listed(&client, &p, format!("{p}/a")).await,
             ["a b", "a%", "a\\b", "a_b", "axb"],
             "{d:?}: lower case only, in byte order"
         );
         assert_eq!(
-            listed(format!("{p}/Z")).await,
+            listed(&client, &p, format!("{p}/Z")).await,
             ["Z/y"],
             "{d:?}: upper case only"
         );
         assert_eq!(
-            listed(format!("{p}/\u{e9}")).await,
+            listed(&client, &p, format!("{p}/\u{e9}")).await,
             ["é"],
             "{d:?}: non-ASCII"
         );
-        assert!(listed(format!("{p}/ab")).await.is_empty(), "{d:?}");
+        assert!(listed(&client, &p, format!("{p}/ab")).await.is_empty(), "{d:?}");
         assert!(
             client.list(&p, 0).await.unwrap().is_empty(),
             "{d:?}: limit 0"
@@ -86,7 +82,7 @@ async fn prefixes_match_exactly_and_names_come_in_byte_order() {
         for l in &leases {
             client.release(l).await.unwrap();
         }
-        assert!(listed(format!("{p}/")).await.is_empty(), "{d:?}: released");
+        assert!(listed(&client, &p, format!("{p}/")).await.is_empty(), "{d:?}: released");
     }
 }
 
