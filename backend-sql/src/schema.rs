@@ -210,7 +210,7 @@ where
     for<'q> String: Encode<'q, C::Database> + Type<C::Database>,
     <C::Database as Database>::Arguments: IntoArguments<C::Database>,
 {
-    for (column, alter) in &sql.add_columns {
+    for (i, (column, alter)) in sql.add_columns.iter().enumerate() {
         let present = has_column(conn, sql, table, column)
             .await
             .map_err(|e| errors.map("looking up the table's columns", e))?;
@@ -224,10 +224,13 @@ where
         );
         if let Err(e) = conn.add_column(alter, lock_wait).await {
             if !has_column(conn, sql, table, column).await.unwrap_or(false) {
+                // Every statement still to run, so one hand-run fixes it.
+                let todo: Vec<&str> = sql.add_columns[i..].iter().map(|(_, a)| &**a).collect();
                 return Err(errors.map(
                     &format!(
                         "adding column `{column}` to table `{table}`, made by an earlier \
-                         version (if this client may not alter it, run `{alter}`)"
+                         version (if this client may not alter it, run `{};`)",
+                        todo.join("; ")
                     ),
                     e,
                 ));

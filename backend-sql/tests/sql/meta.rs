@@ -261,3 +261,75 @@ async fn adding_the_columns_waits_a_bounded_time_for_the_table() {
         });
     }
 }
+
+/// A client that may use the old table but not alter it is told, at
+/// connect, which statement to have someone run; once it ran, the same
+/// client connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_may_not_alter_the_old_table_is_told_what_to_run() {
+    let db = tokio::task::spawn_blocking(common::postgres).await.unwrap();
+    let pg = common::pg();
+    let table = unique("noalter");
+    let role = unique("user");
+    exec(&db.base, &[&previous_ddl(Dialect::Postgres, &table)]).await;
+    // Only the superuser (over the Unix socket) may create roles.
+    let superuser = format!(
+        "postgres://postgres@localhost:{}/{}?host={}",
+        pg.port(),
+        pg.database(),
+        pg.socket_dir().display()
+    );
+    exec(
+        &superuser,
+        &[
+            &format!("CREATE ROLE {role} LOGIN PASSWORD 'pw-{role}'"),
+            &format!("GRANT SELECT, INSERT, UPDATE ON {table} TO {role}"),
+        ],
+    )
+    .await;
+    let url = format!(
+        "postgres://{role}:pw-{role}@{}/{}?table={table}",
+        pg.addr(),
+        pg.database()
+    );
+    let e = SqlBackend::connect(&url)
+        .await
+        .expect_err("a client without the right to alter altered the table");
+    assert!(
+        !e.is_retryable(),
+        "a missing privilege does not go away: {e}"
+    );
+    let text = e.to_string();
+    for column in ["holder_meta", "meta_version"] {
+        let alter = format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column}");
+        assert!(text.contains(&alter), "{text}");
+    }
+    assert!(!text.contains(&format!("pw-{role}")), "{text}");
+    // The statements the message quotes, run by the table's owner, are
+    // all it takes.
+    let quoted = text
+        .split_once("run `")
+        .and_then(|(_, rest)| rest.split_once('`'))
+        .map(|(sql, _)| sql.to_string())
+        .expect("a quoted statement");
+    let statements: Vec<&str> = quoted
+        .split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    exec(&db.base, &statements).await;
+    let client = SqlBackend::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("connect once the columns exist: {e}"));
+    let req = request(
+        "job",
+        OwnerToken::random(),
+        Duration::from_secs(30),
+        Duration::ZERO,
+    )
+    .with_meta(meta(5));
+    let lease = client.try_acquire(&req).await.unwrap().expect("free");
+    let seen = client.inspect(lease.name()).await.unwrap().expect("held");
+    assert_eq!(seen.meta, Some(meta(5)));
+    client.release(&lease).await.unwrap();
+}
