@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_core::{
-    async_trait, wait, AcquireRequest, FencingToken, Guarantees, HolderInfo, Lease, LockBackend,
-    LockError, LockName, OwnerToken,
+    async_trait, validate_list, wait, AcquireRequest, FencingToken, Guarantees, HolderInfo,
+    HolderMeta, Lease, LockBackend, LockError, LockName, OwnerToken,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -21,7 +21,7 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use crate::config::SqlConfig;
-use crate::dialect::{guarantees, Dialect, Statements};
+use crate::dialect::{guarantees, like_prefix, Dialect, Statements};
 use crate::errors::{is_broken_connection, is_conflict, ErrorContext};
 use crate::schema;
 use crate::wait::{backoff, NotifyHub};
@@ -114,7 +114,8 @@ fn config_error(errors: &ErrorContext, e: sqlx::Error) -> LockError {
 }
 
 /// Connects once directly (a pool hides "connection refused" behind its own
-/// timeout), creates the lock table if needed, and closes the connection.
+/// timeout), creates the lock table if needed (or adds the columns an older
+/// one lacks), and closes the connection.
 async fn create_lock_table<O, C>(
     options: &O,
     config: &SqlConfig,
@@ -142,6 +143,13 @@ where
         errors,
     )
     .await;
+    let setup = match setup {
+        Ok(()) => {
+            schema::add_missing_columns(&mut conn, sql, &config.table, config.op_timeout, errors)
+                .await
+        }
+        failed => failed,
+    };
     let _ = conn.close().await;
     setup
 }
@@ -468,9 +476,75 @@ impl SqlBackend {
         self.unsure().remove(attempt);
     }
 
+    /// What `inspect` and `list` report for a held row.
+    fn holder(&self, op: &str, row: Row) -> Result<HolderInfo, LockError> {
+        let left = self.inner.config.dialect.units_to_duration(row.left);
+        Ok(
+            HolderInfo::new(row.owner, Some(self.fence(op, row.version)?), Some(left))
+                .with_meta(row.meta),
+        )
+    }
+
     fn lost(lease: &Lease) -> LockError {
         LockError::Lost {
             name: lease.name().to_string(),
+        }
+    }
+}
+
+/// A held row as PostgreSQL and SQLite return it from `inspect`: owner,
+/// version, time left in units, holder metadata.
+type TextHolder = (Option<String>, i64, i64, Option<String>);
+/// The same from MySQL, whose columns are bytes.
+type BytesHolder = (Option<Vec<u8>>, u64, i64, Option<Vec<u8>>);
+/// A row of `list`: the name, then the columns of `inspect`.
+type TextRow = (String, Option<String>, i64, i64, Option<String>);
+/// The same from MySQL.
+type BytesRow = (Vec<u8>, Option<Vec<u8>>, u64, i64, Option<Vec<u8>>);
+
+/// A held row, whichever database it came from.
+struct Row {
+    /// `None` when the stored bytes are not UTF-8 (MySQL).
+    name: Option<String>,
+    owner: String,
+    version: u64,
+    left: i64,
+    meta: Option<HolderMeta>,
+}
+
+impl Row {
+    fn text(
+        name: String,
+        owner: Option<String>,
+        version: i64,
+        left: i64,
+        meta: Option<String>,
+    ) -> Row {
+        Row {
+            name: Some(name),
+            owner: owner.unwrap_or_default(),
+            version: u64::try_from(version).unwrap_or(0),
+            left,
+            meta: meta.as_deref().and_then(HolderMeta::decode),
+        }
+    }
+
+    fn bytes(
+        name: Vec<u8>,
+        owner: Option<Vec<u8>>,
+        version: u64,
+        left: i64,
+        meta: Option<Vec<u8>>,
+    ) -> Row {
+        Row {
+            name: String::from_utf8(name).ok(),
+            owner: String::from_utf8_lossy(&owner.unwrap_or_default()).into_owned(),
+            version,
+            left,
+            meta: meta
+                .as_deref()
+                .and_then(|m| std::str::from_utf8(m).ok())
+                .and_then(HolderMeta::decode),
         }
     }
 }
@@ -527,7 +601,9 @@ impl LockBackend for SqlBackend {
             answered: false,
         };
         let owner = req.owner.to_string();
+        let meta = req.meta.as_ref().map(HolderMeta::encode);
         let (name, owner, sql) = (req.name.as_str(), owner.as_str(), &self.inner.sql);
+        let meta = meta.as_deref();
         // Each send after the first (a broken connection) may follow one
         // that ran: it takes back our own row too.
         let mut statement = || {
@@ -544,6 +620,7 @@ impl LockBackend for SqlBackend {
                             .bind(name)
                             .bind(owner)
                             .bind(units)
+                            .bind(meta)
                             .fetch_optional(p)
                             .await
                     }
@@ -558,6 +635,7 @@ impl LockBackend for SqlBackend {
                             .bind(name.as_bytes())
                             .bind(owner.as_bytes())
                             .bind(units)
+                            .bind(meta.map(str::as_bytes))
                             .execute(p)
                             .await
                     }
@@ -731,40 +809,88 @@ impl LockBackend for SqlBackend {
     /// # Cancel safety
     /// Cancel safe: read only.
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
-        let dialect = self.inner.config.dialect;
         let (name, sql) = (name.as_str(), &self.inner.sql.inspect);
-        let row: Option<(String, u64, i64)> = self
+        let row: Option<Row> = self
             .run("inspect", || async move {
                 Ok(pool_match!(&self.inner.pools, {
                     Postgres(p) | Sqlite(p) => {
-                        sqlx::query_as::<_, (Option<String>, i64, i64)>(q(sql))
+                        sqlx::query_as::<_, TextHolder>(q(sql))
                             .bind(name)
                             .fetch_optional(p)
                             .await?
-                            .map(|(o, v, l)| (o.unwrap_or_default(), v.max(0) as u64, l))
+                            .map(|(o, v, l, m)| Row::text(String::new(), o, v, l, m))
                     },
-                    MySql(p) => sqlx::query_as::<_, (Option<Vec<u8>>, u64, i64)>(q(sql))
+                    MySql(p) => sqlx::query_as::<_, BytesHolder>(q(sql))
                         .bind(name.as_bytes())
                         .fetch_optional(p)
                         .await?
-                        .map(|(o, v, l)| {
-                            (
-                                String::from_utf8_lossy(&o.unwrap_or_default()).into_owned(),
-                                v,
-                                l,
-                            )
-                        }),
+                        .map(|(o, v, l, m)| Row::bytes(Vec::new(), o, v, l, m)),
                 }))
             })
             .await?;
-        match row {
-            None => Ok(None),
-            Some((owner, version, left)) => Ok(Some(HolderInfo::new(
-                owner,
-                Some(self.fence("inspect", version)?),
-                Some(dialect.units_to_duration(left)),
-            ))),
+        row.map(|r| self.holder("inspect", r)).transpose()
+    }
+
+    /// One statement: the held rows whose name starts with `prefix`,
+    /// unexpired by the database clock, in byte order of the names (see
+    /// `dialect.rs` for how each database is made to match exactly and
+    /// case-sensitively). A row whose name is no valid lock name was not
+    /// written by polylock and is left out.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn list(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<(LockName, HolderInfo)>, LockError> {
+        let limit = validate_list(prefix, limit)?;
+        if limit == 0 {
+            return Ok(Vec::new());
         }
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let sql = &self.inner.sql.list;
+        let pattern = like_prefix(prefix);
+        let pattern = pattern.as_str();
+        let rows: Vec<Row> = self
+            .run("list", || async move {
+                Ok(match &self.inner.pools {
+                    Pools::Sqlite(p) => sqlx::query_as::<_, TextRow>(q(sql))
+                        .bind(prefix)
+                        .bind(limit)
+                        .fetch_all(p)
+                        .await?
+                        .into_iter()
+                        .map(|(n, o, v, l, m)| Row::text(n, o, v, l, m))
+                        .collect(),
+                    Pools::Postgres(p) => sqlx::query_as::<_, TextRow>(q(sql))
+                        .bind(pattern)
+                        .bind(limit)
+                        .fetch_all(p)
+                        .await?
+                        .into_iter()
+                        .map(|(n, o, v, l, m)| Row::text(n, o, v, l, m))
+                        .collect(),
+                    Pools::MySql(p) => sqlx::query_as::<_, BytesRow>(q(sql))
+                        .bind(pattern.as_bytes())
+                        .bind(limit)
+                        .fetch_all(p)
+                        .await?
+                        .into_iter()
+                        .map(|(n, o, v, l, m)| Row::bytes(n, o, v, l, m))
+                        .collect(),
+                })
+            })
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let Some(name) = row.name.as_deref().and_then(|n| LockName::new(n).ok()) else {
+                tracing::debug!("polylock sql: list skips a row whose name is not a lock name");
+                continue;
+            };
+            out.push((name, self.holder("list", row)?));
+        }
+        Ok(out)
     }
 
     /// Frees a live row whoever holds it; the version is left alone, so the

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{ExpiryClock, FencingGuarantee, Guarantees, WaitMechanism};
+use lock_core::{ExpiryClock, FencingGuarantee, Guarantees, HolderMeta, WaitMechanism};
 
 /// Which database a client talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -70,6 +70,10 @@ impl Dialect {
     /// assert!(ddl.contains("VARBINARY(512)"));
     /// ```
     pub fn lock_table_ddl(self, table: &str) -> String {
+        let meta = self
+            .added_columns()
+            .map(|(name, def)| format!("{name} {def}"))
+            .join(",\n  ");
         match self {
             // TEXT under SQLite's default BINARY collation compares bytes:
             // case, Unicode normalisation and trailing spaces all matter.
@@ -79,7 +83,8 @@ impl Dialect {
                  name TEXT NOT NULL PRIMARY KEY,\n  \
                  owner TEXT NULL,\n  \
                  version INTEGER NOT NULL,\n  \
-                 expires_at INTEGER NOT NULL\n) WITHOUT ROWID"
+                 expires_at INTEGER NOT NULL,\n  \
+                 {meta}\n) WITHOUT ROWID"
             ),
             // COLLATE "C": byte order, deterministic, whatever the database
             // default is.
@@ -88,7 +93,8 @@ impl Dialect {
                  name TEXT COLLATE \"C\" NOT NULL PRIMARY KEY,\n  \
                  owner TEXT NULL,\n  \
                  version BIGINT NOT NULL,\n  \
-                 expires_at TIMESTAMPTZ NOT NULL\n)"
+                 expires_at TIMESTAMPTZ NOT NULL,\n  \
+                 {meta}\n)"
             ),
             // VARBINARY: byte comparison. The default collations of MySQL
             // and MariaDB are case-insensitive (and many are PAD SPACE), which
@@ -100,8 +106,39 @@ impl Dialect {
                  owner VARBINARY(64) NULL,\n  \
                  version BIGINT UNSIGNED NOT NULL,\n  \
                  expires_at DATETIME(6) NOT NULL,\n  \
+                 {meta},\n  \
                  PRIMARY KEY (name)\n) ENGINE=InnoDB"
             ),
+        }
+    }
+
+    /// The columns that came after the first version of the lock table, with
+    /// their definitions: a client adds the ones a table lacks (see
+    /// `schema.rs`), so the DDL and the `ALTER TABLE` cannot drift apart.
+    ///
+    /// - `holder_meta`: the holder's [`HolderMeta`] line, `NULL` when the
+    ///   holder gave none; sized for [`HolderMeta::MAX_ENCODED`].
+    /// - `meta_version`: the `version` the grant that wrote `holder_meta` gave
+    ///   out. The metadata is shown only while it equals `version`, so a grant
+    ///   by a client of an earlier version (which does not know the columns)
+    ///   never shows the previous holder's metadata as its own.
+    pub(crate) fn added_columns(self) -> [(&'static str, String); 2] {
+        let max = HolderMeta::MAX_ENCODED;
+        match self {
+            Dialect::Sqlite => [
+                ("holder_meta", "TEXT NULL".into()),
+                ("meta_version", "INTEGER NULL".into()),
+            ],
+            Dialect::Postgres => [
+                ("holder_meta", format!("VARCHAR({max}) NULL")),
+                ("meta_version", "BIGINT NULL".into()),
+            ],
+            // Printable ASCII only, so bytes are as good as text, and the
+            // table keeps one comparison rule.
+            Dialect::MySql => [
+                ("holder_meta", format!("VARBINARY({max}) NULL")),
+                ("meta_version", "BIGINT UNSIGNED NULL".into()),
+            ],
         }
     }
 
@@ -202,6 +239,12 @@ pub fn guarantees(dialect: Dialect) -> Guarantees {
     g.min_ttl = dialect.timestamp_precision();
     g.ttl_granularity = dialect.timestamp_precision();
     g.force_release = true;
+    // Columns of the lock row, written by the grant statement itself.
+    g.holder_meta = true;
+    g.list = true;
+    // A waiter is a client polling (or listening on one channel per table):
+    // the database has no record of who waits for which name.
+    g.counts_waiters = false;
     g
 }
 
@@ -212,9 +255,16 @@ pub(crate) struct Statements {
     pub(crate) create_fences: Arc<str>,
     /// Returns a row when the table exists (one bind: the table name).
     pub(crate) table_exists: Arc<str>,
-    /// Selects every column of the lock table and no row: checks its shape.
+    /// Selects the columns of the first version of the lock table and no
+    /// row: checks its shape before any column is added.
     pub(crate) probe_locks: Arc<str>,
-    /// Binds: name, owner, ttl units. PG/SQLite: returns `version` when won.
+    /// Returns a row when the table has the column (binds: table, column).
+    pub(crate) column_exists: Arc<str>,
+    /// The column names of [`Dialect::added_columns`] and the `ALTER TABLE`
+    /// adding each.
+    pub(crate) add_columns: Vec<(&'static str, Arc<str>)>,
+    /// Binds: name, owner, ttl units, holder metadata (or NULL).
+    /// PG/SQLite: returns `version` when won.
     /// MySQL: the OK packet's last-insert-id is the version when won, 0 when not.
     pub(crate) acquire: Arc<str>,
     /// Binds (PG/SQLite): name, owner, version, ttl units.
@@ -236,8 +286,12 @@ pub(crate) struct Statements {
     /// by the database clock, and locks the row until the end of the
     /// transaction (PG, MySQL; SQLite's write transaction locks the file).
     pub(crate) holding: Arc<str>,
-    /// Binds: name. Returns owner, version, time left in units.
+    /// Binds: name. Returns owner, version, time left in units, holder
+    /// metadata.
     pub(crate) inspect: Arc<str>,
+    /// Binds: prefix (SQLite) or LIKE pattern ([`like_prefix`]), limit.
+    /// Returns name and then the columns of `inspect`, in name order.
+    pub(crate) list: Arc<str>,
     /// Binds: name (PG: + notify channel).
     pub(crate) force_release: Arc<str>,
     /// Binds: resource, token.
@@ -246,6 +300,35 @@ pub(crate) struct Statements {
     pub(crate) fence_read: Arc<str>,
     /// The LISTEN/NOTIFY channel (PostgreSQL).
     pub(crate) channel: String,
+}
+
+/// The holder metadata of a row, shown only when the grant that wrote it
+/// is the row's current one (see [`Dialect::added_columns`]).
+const META: &str = "CASE WHEN meta_version = version THEN holder_meta END";
+
+/// MySQL's grant writes the metadata only when it wins (after `version`
+/// was decided, so `version` is the new one).
+const MYSQL_META_UPDATE: &str =
+    "holder_meta = IF(LAST_INSERT_ID() <> 0, VALUES(holder_meta), holder_meta), \
+     meta_version = IF(LAST_INSERT_ID() <> 0, version, meta_version)";
+
+/// The escape character of [`like_prefix`] patterns: a plain character,
+/// since a backslash means different things in the string literals of
+/// MySQL's sql_modes.
+const LIKE_ESCAPE: char = '!';
+
+/// A LIKE pattern matching the names that start with `prefix`: its `%`,
+/// `_` and [`LIKE_ESCAPE`] are escaped, then `%` is appended.
+pub(crate) fn like_prefix(prefix: &str) -> String {
+    let mut pattern = String::with_capacity(prefix.len() + 2);
+    for c in prefix.chars() {
+        if matches!(c, '%' | '_' | LIKE_ESCAPE) {
+            pattern.push(LIKE_ESCAPE);
+        }
+        pattern.push(c);
+    }
+    pattern.push('%');
+    pattern
 }
 
 /// SQLite's clock in milliseconds since the Unix epoch. `julianday('now')`
@@ -258,6 +341,25 @@ impl Statements {
         let t = table;
         let channel = format!("polylock_{table}");
         let s = |x: String| -> Arc<str> { Arc::from(x) };
+        // PostgreSQL can skip an existing column itself; the others rely on
+        // the check before and after (see `schema.rs`).
+        let if_missing = if dialect == Dialect::Postgres {
+            "IF NOT EXISTS "
+        } else {
+            ""
+        };
+        let add_columns = dialect
+            .added_columns()
+            .into_iter()
+            .map(|(col, def)| {
+                (
+                    col,
+                    s(format!(
+                        "ALTER TABLE {t} ADD COLUMN {if_missing}{col} {def}"
+                    )),
+                )
+            })
+            .collect();
         match dialect {
             Dialect::Sqlite => {
                 let now = SQLITE_NOW_MS;
@@ -270,19 +372,25 @@ impl Statements {
                     probe_locks: s(format!(
                         "SELECT name, owner, version, expires_at FROM {t} WHERE 0 = 1"
                     )),
+                    column_exists: s("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2".into()),
+                    add_columns,
+                    // SET expressions read the old row, so both versions
+                    // are the new one.
                     acquire: s(format!(
-                        "INSERT INTO {t} (name, owner, version, expires_at) \
-                         VALUES (?1, ?2, 1, {now} + ?3) \
+                        "INSERT INTO {t} (name, owner, version, expires_at, holder_meta, \
+                         meta_version) VALUES (?1, ?2, 1, {now} + ?3, ?4, 1) \
                          ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, \
-                         version = {t}.version + 1, expires_at = excluded.expires_at \
+                         version = {t}.version + 1, expires_at = excluded.expires_at, \
+                         holder_meta = excluded.holder_meta, meta_version = {t}.version + 1 \
                          WHERE {t}.owner IS NULL OR {t}.expires_at <= {now} \
                          RETURNING version"
                     )),
                     reclaim: s(format!(
-                        "INSERT INTO {t} (name, owner, version, expires_at) \
-                         VALUES (?1, ?2, 1, {now} + ?3) \
+                        "INSERT INTO {t} (name, owner, version, expires_at, holder_meta, \
+                         meta_version) VALUES (?1, ?2, 1, {now} + ?3, ?4, 1) \
                          ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, \
-                         version = {t}.version + 1, expires_at = excluded.expires_at \
+                         version = {t}.version + 1, expires_at = excluded.expires_at, \
+                         holder_meta = excluded.holder_meta, meta_version = {t}.version + 1 \
                          WHERE {t}.owner IS NULL OR {t}.expires_at <= {now} \
                          OR {t}.owner = excluded.owner \
                          RETURNING version"
@@ -292,7 +400,7 @@ impl Statements {
                          WHERE name = ?1 AND owner = ?2 AND version = ?3 AND expires_at > {now}"
                     )),
                     release: s(format!(
-                        "UPDATE {t} SET owner = NULL, expires_at = {now} \
+                        "UPDATE {t} SET owner = NULL, expires_at = {now}, holder_meta = NULL \
                          WHERE name = ?1 AND owner = ?2 AND version = ?3"
                     )),
                     version_of: s(format!("SELECT version FROM {t} WHERE name = ?1")),
@@ -304,11 +412,20 @@ impl Statements {
                          AND version = ?3 AND expires_at > {now}"
                     )),
                     inspect: s(format!(
-                        "SELECT owner, version, expires_at - {now} FROM {t} \
+                        "SELECT owner, version, expires_at - {now}, {META} FROM {t} \
                          WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {now}"
                     )),
+                    // Not LIKE: SQLite's LIKE ignores ASCII case. `name >=`
+                    // starts the scan at the prefix in the primary key;
+                    // substr and length count characters on both sides.
+                    list: s(format!(
+                        "SELECT name, owner, version, expires_at - {now}, {META} FROM {t} \
+                         WHERE name >= ?1 AND substr(name, 1, length(?1)) = ?1 \
+                         AND owner IS NOT NULL AND expires_at > {now} \
+                         ORDER BY name LIMIT ?2"
+                    )),
                     force_release: s(format!(
-                        "UPDATE {t} SET owner = NULL, expires_at = {now} \
+                        "UPDATE {t} SET owner = NULL, expires_at = {now}, holder_meta = NULL \
                          WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {now}"
                     )),
                     fence_check: s(dialect.fence_check_sql(fence_table)),
@@ -331,20 +448,28 @@ impl Statements {
                     probe_locks: s(format!(
                         "SELECT name, owner, version, expires_at FROM {t} WHERE false"
                     )),
+                    column_exists: s(
+                        "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
+                         AND attname = $2 AND NOT attisdropped"
+                            .into(),
+                    ),
+                    add_columns,
                     acquire: s(format!(
-                        "INSERT INTO {t} AS l (name, owner, version, expires_at) \
-                         VALUES ($1, $2, 1, {exp}) \
+                        "INSERT INTO {t} AS l (name, owner, version, expires_at, holder_meta, \
+                         meta_version) VALUES ($1, $2, 1, {exp}, $4, 1) \
                          ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, \
-                         version = l.version + 1, expires_at = {exp} \
+                         version = l.version + 1, expires_at = {exp}, \
+                         holder_meta = EXCLUDED.holder_meta, meta_version = l.version + 1 \
                          WHERE l.owner IS NULL OR l.expires_at <= {now} \
                          RETURNING version",
                         exp = ttl("$3")
                     )),
                     reclaim: s(format!(
-                        "INSERT INTO {t} AS l (name, owner, version, expires_at) \
-                         VALUES ($1, $2, 1, {exp}) \
+                        "INSERT INTO {t} AS l (name, owner, version, expires_at, holder_meta, \
+                         meta_version) VALUES ($1, $2, 1, {exp}, $4, 1) \
                          ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, \
-                         version = l.version + 1, expires_at = {exp} \
+                         version = l.version + 1, expires_at = {exp}, \
+                         holder_meta = EXCLUDED.holder_meta, meta_version = l.version + 1 \
                          WHERE l.owner IS NULL OR l.expires_at <= {now} \
                          OR l.owner = EXCLUDED.owner \
                          RETURNING version",
@@ -358,7 +483,8 @@ impl Statements {
                     // The NOTIFY is part of the release statement, so it is
                     // sent exactly when the release commits.
                     release: s(format!(
-                        "WITH freed AS (UPDATE {t} SET owner = NULL, expires_at = {now} \
+                        "WITH freed AS (UPDATE {t} SET owner = NULL, expires_at = {now}, \
+                         holder_meta = NULL \
                          WHERE name = $1 AND owner = $2 AND version = $3 RETURNING name) \
                          SELECT pg_notify($4, name)::text FROM freed"
                     )),
@@ -374,11 +500,22 @@ impl Statements {
                     )),
                     inspect: s(format!(
                         "SELECT owner, version, \
-                         (EXTRACT(EPOCH FROM (expires_at - {now})) * 1000000)::bigint \
+                         (EXTRACT(EPOCH FROM (expires_at - {now})) * 1000000)::bigint, {META} \
                          FROM {t} WHERE name = $1 AND owner IS NOT NULL AND expires_at > {now}"
                     )),
+                    // LIKE is case-sensitive here, and under COLLATE "C"
+                    // (named again in case a hand-made table lacks it) the
+                    // order is byte order.
+                    list: s(format!(
+                        "SELECT name, owner, version, \
+                         (EXTRACT(EPOCH FROM (expires_at - {now})) * 1000000)::bigint, {META} \
+                         FROM {t} WHERE name LIKE $1 ESCAPE '{LIKE_ESCAPE}' \
+                         AND owner IS NOT NULL AND expires_at > {now} \
+                         ORDER BY name COLLATE \"C\" LIMIT $2"
+                    )),
                     force_release: s(format!(
-                        "WITH freed AS (UPDATE {t} SET owner = NULL, expires_at = {now} \
+                        "WITH freed AS (UPDATE {t} SET owner = NULL, expires_at = {now}, \
+                         holder_meta = NULL \
                          WHERE name = $1 AND owner IS NOT NULL AND expires_at > {now} \
                          RETURNING name) \
                          SELECT pg_notify($2, name)::text FROM freed"
@@ -403,6 +540,10 @@ impl Statements {
                     probe_locks: s(format!(
                         "SELECT name, owner, version, expires_at FROM {t} WHERE 1 = 0"
                     )),
+                    column_exists: s("SELECT 1 FROM information_schema.columns \
+                         WHERE table_schema = DATABASE() AND table_name = ? AND column_name = ?"
+                        .into()),
+                    add_columns,
                     // One statement, atomic under the row lock InnoDB takes
                     // for the duplicate key. MySQL has no RETURNING, so the
                     // outcome travels in LAST_INSERT_ID(expr), which the
@@ -415,26 +556,31 @@ impl Statements {
                     // decided first (reading the old owner and expires_at)
                     // and the others follow LAST_INSERT_ID(), never 0 for a
                     // winner since versions start at 1. IF() evaluates only
-                    // the branch it picks.
+                    // the branch it picks. `meta_version` reads the new
+                    // `version`.
                     acquire: s(format!(
-                        "INSERT INTO {t} (name, owner, version, expires_at) \
-                         VALUES (?, ?, LAST_INSERT_ID(1), {now} + INTERVAL ? MICROSECOND) \
+                        "INSERT INTO {t} (name, owner, version, expires_at, holder_meta, \
+                         meta_version) \
+                         VALUES (?, ?, LAST_INSERT_ID(1), {now} + INTERVAL ? MICROSECOND, ?, 1) \
                          ON DUPLICATE KEY UPDATE \
                          version = IF(owner IS NULL OR expires_at <= {now}, \
                            LAST_INSERT_ID(version + 1), version + LAST_INSERT_ID(0)), \
                          expires_at = IF(LAST_INSERT_ID() <> 0, VALUES(expires_at), expires_at), \
+                         {MYSQL_META_UPDATE}, \
                          owner = IF(LAST_INSERT_ID() <> 0, VALUES(owner), owner)"
                     )),
                     // `owner` still holds the old value when `version` is
                     // decided (it is assigned last).
                     reclaim: s(format!(
-                        "INSERT INTO {t} (name, owner, version, expires_at) \
-                         VALUES (?, ?, LAST_INSERT_ID(1), {now} + INTERVAL ? MICROSECOND) \
+                        "INSERT INTO {t} (name, owner, version, expires_at, holder_meta, \
+                         meta_version) \
+                         VALUES (?, ?, LAST_INSERT_ID(1), {now} + INTERVAL ? MICROSECOND, ?, 1) \
                          ON DUPLICATE KEY UPDATE \
                          version = IF(owner IS NULL OR expires_at <= {now} \
                            OR owner = VALUES(owner), \
                            LAST_INSERT_ID(version + 1), version + LAST_INSERT_ID(0)), \
                          expires_at = IF(LAST_INSERT_ID() <> 0, VALUES(expires_at), expires_at), \
+                         {MYSQL_META_UPDATE}, \
                          owner = IF(LAST_INSERT_ID() <> 0, VALUES(owner), owner)"
                     )),
                     renew: s(format!(
@@ -442,7 +588,7 @@ impl Statements {
                          WHERE name = ? AND owner = ? AND version = ? AND expires_at > {now}"
                     )),
                     release: s(format!(
-                        "UPDATE {t} SET owner = NULL, expires_at = {now} \
+                        "UPDATE {t} SET owner = NULL, expires_at = {now}, holder_meta = NULL \
                          WHERE name = ? AND owner = ? AND version = ?"
                     )),
                     version_of: s(format!("SELECT version FROM {t} WHERE name = ?")),
@@ -454,11 +600,24 @@ impl Statements {
                          AND version = ? AND expires_at > {now} LOCK IN SHARE MODE"
                     )),
                     inspect: s(format!(
-                        "SELECT owner, version, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at) \
+                        "SELECT owner, version, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at), \
+                         {META} \
                          FROM {t} WHERE name = ? AND owner IS NOT NULL AND expires_at > {now}"
                     )),
+                    // `name` compares bytes (VARBINARY, or a binary NO PAD
+                    // collation: checked at connect), so LIKE is
+                    // case-sensitive and ORDER BY is byte order. The escape
+                    // character is not a backslash, whose meaning in a
+                    // literal depends on the sql_mode.
+                    list: s(format!(
+                        "SELECT name, owner, version, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at), \
+                         {META} \
+                         FROM {t} WHERE name LIKE ? ESCAPE '{LIKE_ESCAPE}' \
+                         AND owner IS NOT NULL AND expires_at > {now} \
+                         ORDER BY name LIMIT ?"
+                    )),
                     force_release: s(format!(
-                        "UPDATE {t} SET owner = NULL, expires_at = {now} \
+                        "UPDATE {t} SET owner = NULL, expires_at = {now}, holder_meta = NULL \
                          WHERE name = ? AND owner IS NOT NULL AND expires_at > {now}"
                     )),
                     fence_check: s(dialect.fence_check_sql(fence_table)),
@@ -475,6 +634,14 @@ impl Statements {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn like_prefix_escapes_wildcards_and_the_escape() {
+        assert_eq!(like_prefix(""), "%");
+        assert_eq!(like_prefix("jobs/"), "jobs/%");
+        assert_eq!(like_prefix("a%b_c!d"), "a!%b!_c!!d%");
+        assert_eq!(like_prefix("ü\\x"), "ü\\x%");
+    }
 
     #[test]
     fn ttl_units_round_up_to_precision() {

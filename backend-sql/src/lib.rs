@@ -28,6 +28,15 @@
 //! | `owner`      | the holder's owner token (32 hex digits); `NULL` when released |
 //! | `version`    | bumped by every acquisition: the fencing token |
 //! | `expires_at` | when the lease ends, by the DATABASE clock |
+//! | `holder_meta` | who took the lock ([`lock_core::HolderMeta`], its one-line form), or `NULL` |
+//! | `meta_version` | the `version` whose grant wrote `holder_meta` |
+//!
+//! The last two came after the first version of the table: a client adds
+//! them to a table that lacks them when it connects (each `ALTER TABLE`
+//! only after a look-up shows the column missing, with a bounded wait for
+//! the table lock, and safe when several clients connect at once). A
+//! client that may not alter the table fails to connect with an error that
+//! quotes the statement to run.
 //!
 //! The row is never deleted: release sets `owner` to `NULL`. So `version`
 //! never goes back, and fencing tokens strictly increase for as long as the
@@ -50,8 +59,20 @@
 //! - **release** frees the row only if owner AND version match; when not,
 //!   it says `Lost` if the row's version shows a later grant.
 //! - **force_release** frees a live row whoever holds it, leaving `version`.
-//! - **inspect** reads owner, version, and the time left computed by the
-//!   database.
+//! - **inspect** reads owner, version, the time left computed by the
+//!   database, and the holder metadata. The grant writes the metadata it
+//!   was given (or `NULL`) in the same statement, renew keeps it, release
+//!   clears it; it is shown only while `meta_version` equals `version`, so
+//!   a grant by a client of an earlier version, which leaves the column
+//!   alone, never shows the previous holder's.
+//! - **list** is one statement over the held, unexpired rows whose name
+//!   starts with the prefix, exactly and case-sensitively (`LIKE` with its
+//!   wildcards escaped on PostgreSQL and MySQL; a `substr` comparison on
+//!   SQLite, whose `LIKE` ignores ASCII case), in byte order of the names.
+//! - **waiters** is not supported (`Ok(None)`, `counts_waiters` is false):
+//!   a waiter is a client that polls, or on PostgreSQL listens on one
+//!   channel for the whole table, so the database has no record of who
+//!   waits for which name.
 //!
 //! The granted TTL is the requested one, rounded up to the database's
 //! timestamp precision (SQLite: 1 ms; PostgreSQL, MySQL: 1 µs).

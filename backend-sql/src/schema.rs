@@ -15,8 +15,18 @@
 //! a clear configuration error rather than odd failures later. On MySQL the
 //! `name` column must compare bytes (VARBINARY or a NO PAD binary collation),
 //! or "Job" and "job" would be one lock.
+//!
+//! Last, the columns added since the first version of the table
+//! ([`Dialect::added_columns`](crate::Dialect)) are added to a table that
+//! lacks them, each only after a look-up shows it missing (so a client that
+//! may not alter the table works once someone added them), under a lock
+//! wait limit (a waiting `ALTER TABLE` queues every later statement on the
+//! table behind it), and an `ALTER TABLE` that failed because a racing
+//! client added the column first counts as success. PostgreSQL runs it
+//! under the advisory lock of creation, as `ADD COLUMN IF NOT EXISTS`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use lock_core::LockError;
 use sqlx::{
@@ -46,6 +56,14 @@ pub(crate) trait Schema: Connection {
     /// Runs the `CREATE TABLE IF NOT EXISTS` statement `create`.
     async fn create(&mut self, create: &Arc<str>) -> Result<(), sqlx::Error>;
 
+    /// Runs the `ALTER TABLE ... ADD COLUMN` statement `alter`, waiting at
+    /// most about `lock_wait` for the table's lock.
+    async fn add_column(
+        &mut self,
+        alter: &Arc<str>,
+        lock_wait: Duration,
+    ) -> Result<(), sqlx::Error>;
+
     /// Checks of the lock table beyond the probe statement.
     async fn check_lock_table(
         &mut self,
@@ -56,9 +74,14 @@ pub(crate) trait Schema: Connection {
     }
 }
 
+/// The file's write lock is waited for through the busy timeout.
 impl Schema for SqliteConnection {
     async fn create(&mut self, create: &Arc<str>) -> Result<(), sqlx::Error> {
         self.execute(q(create)).await.map(drop)
+    }
+
+    async fn add_column(&mut self, alter: &Arc<str>, _: Duration) -> Result<(), sqlx::Error> {
+        self.execute(q(alter)).await.map(drop)
     }
 }
 
@@ -77,12 +100,49 @@ impl Schema for PgConnection {
         tx.execute(q(create)).await?;
         tx.commit().await
     }
+
+    async fn add_column(
+        &mut self,
+        alter: &Arc<str>,
+        lock_wait: Duration,
+    ) -> Result<(), sqlx::Error> {
+        let mut tx = self.begin().await?;
+        // First, so it also bounds the wait for the advisory lock.
+        tx.execute(AssertSqlSafe(format!(
+            "SET LOCAL lock_timeout = {}",
+            lock_wait.as_millis().max(1)
+        )))
+        .await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(PG_SCHEMA_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        tx.execute("SET LOCAL client_min_messages = warning")
+            .await?;
+        tx.execute(q(alter)).await?;
+        tx.commit().await
+    }
 }
 
 /// The lock table must compare names byte by byte.
 impl Schema for MySqlConnection {
     async fn create(&mut self, create: &Arc<str>) -> Result<(), sqlx::Error> {
         self.execute(q(create)).await.map(drop)
+    }
+
+    /// The session setting is harmless: this connection only sets up the
+    /// table and is closed after.
+    async fn add_column(
+        &mut self,
+        alter: &Arc<str>,
+        lock_wait: Duration,
+    ) -> Result<(), sqlx::Error> {
+        self.execute(AssertSqlSafe(format!(
+            "SET SESSION lock_wait_timeout = {}",
+            lock_wait.as_secs().max(1)
+        )))
+        .await?;
+        self.execute(q(alter)).await.map(drop)
     }
 
     async fn check_lock_table(
@@ -112,6 +172,72 @@ impl Schema for MySqlConnection {
         }
         Ok(())
     }
+}
+
+/// Whether `table` has the column `column`.
+async fn has_column<C>(
+    conn: &mut C,
+    sql: &Statements,
+    table: &str,
+    column: &str,
+) -> Result<bool, sqlx::Error>
+where
+    C: Connection,
+    for<'c> &'c mut C: Executor<'c, Database = C::Database>,
+    for<'q> String: Encode<'q, C::Database> + Type<C::Database>,
+    <C::Database as Database>::Arguments: IntoArguments<C::Database>,
+{
+    sqlx::query(q(&sql.column_exists))
+        .bind(table.to_string())
+        .bind(column.to_string())
+        .fetch_optional(&mut *conn)
+        .await
+        .map(|r| r.is_some())
+}
+
+/// Adds to the lock table `table` the columns of later versions it lacks
+/// (a table created by an earlier polylock, or by hand from its DDL).
+pub(crate) async fn add_missing_columns<C>(
+    conn: &mut C,
+    sql: &Statements,
+    table: &str,
+    lock_wait: Duration,
+    errors: &ErrorContext,
+) -> Result<(), LockError>
+where
+    C: Schema,
+    for<'c> &'c mut C: Executor<'c, Database = C::Database>,
+    for<'q> String: Encode<'q, C::Database> + Type<C::Database>,
+    <C::Database as Database>::Arguments: IntoArguments<C::Database>,
+{
+    for (i, (column, alter)) in sql.add_columns.iter().enumerate() {
+        let present = has_column(conn, sql, table, column)
+            .await
+            .map_err(|e| errors.map("looking up the table's columns", e))?;
+        if present {
+            continue;
+        }
+        tracing::info!(
+            table,
+            column,
+            "polylock sql: adding a column to the lock table"
+        );
+        if let Err(e) = conn.add_column(alter, lock_wait).await {
+            if !has_column(conn, sql, table, column).await.unwrap_or(false) {
+                // Every statement still to run, so one hand-run fixes it.
+                let todo: Vec<&str> = sql.add_columns[i..].iter().map(|(_, a)| &**a).collect();
+                return Err(errors.map(
+                    &format!(
+                        "adding column `{column}` to table `{table}`, made by an earlier \
+                         version (if this client may not alter it, run `{};`)",
+                        todo.join("; ")
+                    ),
+                    e,
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether `table` exists.

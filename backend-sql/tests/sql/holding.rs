@@ -448,3 +448,111 @@ async fn waiters_on_the_held_name_do_not_starve_its_renewals() {
         guard.release().await.unwrap();
     }
 }
+
+/// The database ends every connection of the client (an operator's
+/// `pg_terminate_backend` or `KILL`, a proxy's idle cut) while the server
+/// stays up. With no ping before each statement, the next operations meet
+/// the dead connections: they must still succeed, on fresh ones.
+async fn killed_connections_are_replaced(dialect: &str, url: String, kill_all: &[&str]) {
+    let client = SqlBackend::connect(&format!("{url}?table={}&pool_size=3", unique("locks")))
+        .await
+        .unwrap();
+    let names: Vec<String> = (0..3).map(|_| unique("killed")).collect();
+    let leases: Vec<_> = futures::future::join_all(
+        names
+            .iter()
+            .map(|n| try_once(&client, n, Duration::from_secs(60))),
+    )
+    .await
+    .into_iter()
+    .map(|l| l.expect("free"))
+    .collect();
+    for l in &leases {
+        client.renew(l).await.unwrap();
+    }
+    sleep(Duration::from_millis(300)).await;
+    let killed = {
+        use sqlx::Connection;
+        let mut admin = raw_connection(&url).await;
+        let mut killed = 0;
+        for sql in kill_all {
+            let rows: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(sql.to_string()))
+                .fetch_all(&mut admin)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            for (kill,) in rows {
+                // MariaDB: each row is a KILL statement to run.
+                if kill.starts_with("KILL") {
+                    sqlx::query(sqlx::AssertSqlSafe(kill))
+                        .execute(&mut admin)
+                        .await
+                        .unwrap();
+                }
+                killed += 1;
+            }
+        }
+        admin.close().await.unwrap();
+        killed
+    };
+    assert!(
+        killed >= 2,
+        "{dialect}: only {killed} connections were ended"
+    );
+    for l in &leases {
+        client
+            .renew(l)
+            .await
+            .unwrap_or_else(|e| panic!("{dialect}: renew after the kill: {e}"));
+    }
+    let seen = client
+        .inspect(leases[0].name())
+        .await
+        .unwrap_or_else(|e| panic!("{dialect}: inspect after the kill: {e}"))
+        .expect("held");
+    assert_eq!(seen.fence, Some(leases[0].fence()));
+    let fresh = try_once(&client, &unique("killed"), Duration::from_secs(5))
+        .await
+        .expect("free");
+    client.release(&fresh).await.unwrap();
+    for l in &leases {
+        client
+            .release(l)
+            .await
+            .unwrap_or_else(|e| panic!("{dialect}: release after the kill: {e}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_connections_ended_by_the_server_are_replaced() {
+    // A server of its own: the kill ends every connection to it.
+    let server = tokio::task::spawn_blocking(testkit::PostgresServer::start)
+        .await
+        .unwrap()
+        .expect("start PostgreSQL");
+    killed_connections_are_replaced(
+        "postgres",
+        server.url(),
+        &[
+            "SELECT pg_terminate_backend(pid)::text FROM pg_stat_activity \
+           WHERE pid <> pg_backend_pid() AND datname = current_database()",
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_connections_ended_by_the_server_are_replaced() {
+    let server = tokio::task::spawn_blocking(testkit::MariaDbServer::start)
+        .await
+        .unwrap()
+        .expect("start MariaDB");
+    killed_connections_are_replaced(
+        "mariadb",
+        server.url(),
+        &[
+            "SELECT CONCAT('KILL CONNECTION ', ID) FROM information_schema.PROCESSLIST \
+           WHERE ID <> CONNECTION_ID() AND USER = SUBSTRING_INDEX(CURRENT_USER(), '@', 1)",
+        ],
+    )
+    .await;
+}

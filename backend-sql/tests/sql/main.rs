@@ -7,6 +7,8 @@ mod common;
 mod config;
 mod fencing;
 mod holding;
+mod list;
+mod meta;
 mod races;
 mod restart;
 mod schema;
