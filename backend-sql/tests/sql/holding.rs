@@ -556,3 +556,42 @@ async fn mariadb_connections_ended_by_the_server_are_replaced() {
     )
     .await;
 }
+
+/// A fresh client opens its connections at connect: its first acquire, its
+/// first renewal (on the upkeep pool) and its release, spaced as a holder
+/// spaces them, open no connection (and so pay no handshake inside the TTL).
+async fn lease_operations_of_a_fresh_client_open_no_connection(url: String, port: u16) {
+    let proxy = Proxy::start(([127, 0, 0, 1], port).into()).expect("proxy");
+    let table = unique("locks");
+    let via = through(&url, port, proxy.port());
+    let client = SqlBackend::connect(&format!("{via}?table={table}"))
+        .await
+        .unwrap();
+    // The schema step's own connection closes once it is done.
+    sleep(Duration::from_millis(300)).await;
+    let opened = proxy.connection_count();
+    let lease = try_once(&client, &unique("fresh"), Duration::from_secs(5))
+        .await
+        .expect("free");
+    sleep(Duration::from_millis(200)).await;
+    let lease = client.renew(&lease).await.unwrap();
+    sleep(Duration::from_millis(200)).await;
+    client.release(&lease).await.unwrap();
+    assert_eq!(
+        proxy.connection_count(),
+        opened,
+        "a lease operation opened a connection (before the first: {opened})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lease_operations_of_a_fresh_client_open_no_connection() {
+    let pg = tokio::task::spawn_blocking(common::pg).await.unwrap();
+    lease_operations_of_a_fresh_client_open_no_connection(pg.url(), pg.port()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_lease_operations_of_a_fresh_client_open_no_connection() {
+    let m = tokio::task::spawn_blocking(common::maria).await.unwrap();
+    lease_operations_of_a_fresh_client_open_no_connection(m.url(), m.port()).await;
+}

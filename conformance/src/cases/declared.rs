@@ -210,7 +210,9 @@ pub(crate) async fn list_shows_the_held_locks_under_a_prefix(ctx: &Ctx<'_>) {
     let client = ctx.client().await;
     let other = ctx.client().await;
     let prefix = format!("{}/", ctx.name("list").as_str());
-    let names: Vec<LockName> = ["a", "b x", "c/d", "ü"]
+    // Byte order; `_` and `%` are SQL LIKE wildcards, `A`/`a` catch a
+    // case-insensitive match.
+    let names: Vec<LockName> = ["A", "a", "a_b", "axb", "b x", "c/d", "ü"]
         .iter()
         .map(|s| LockName::new(format!("{prefix}{s}")).expect("valid"))
         .collect();
@@ -251,6 +253,20 @@ pub(crate) async fn list_shows_the_held_locks_under_a_prefix(ctx: &Ctx<'_>) {
         names[..2].iter().collect::<Vec<_>>(),
         "the limit keeps the first names"
     );
+    for (sub, want) in [("a_", &["a_b"][..]), ("a%", &[][..]), ("A", &["A"][..])] {
+        let got = other
+            .list(&format!("{prefix}{sub}"), 100)
+            .await
+            .expect("list");
+        let got: Vec<String> = got
+            .iter()
+            .map(|(n, _)| n.as_str()[prefix.len()..].to_string())
+            .collect();
+        assert_eq!(
+            got, want,
+            "the prefix {sub:?} matches exactly, case and all"
+        );
+    }
     client.release(&leases[0]).await.expect("release");
     let after = other.list(&prefix, 100).await.expect("list");
     assert_eq!(
