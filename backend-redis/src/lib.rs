@@ -125,6 +125,7 @@ mod config;
 mod conn;
 mod errors;
 mod format;
+mod nodes;
 mod redlock;
 mod wait;
 
