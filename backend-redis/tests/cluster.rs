@@ -200,7 +200,10 @@ async fn foreign_release_wakes_a_cluster_waiter_through_keyspace_events() {
         assert!(foreign_take(&mut foreign, n.as_str(), &token).await);
         let waiter = spawn_timed_acquire(&ours, wait_req(&n, ttl, Duration::from_secs(20)));
         sleep(Duration::from_millis(900)).await;
-        assert!(!waiter.is_finished(), "acquired while the foreign client held it");
+        assert!(
+            !waiter.is_finished(),
+            "acquired while the foreign client held it"
+        );
         let released = Instant::now();
         assert!(compare_and_delete(&mut foreign, n.as_str(), &token).await);
         let (got, lease) = waiter.await.unwrap();
@@ -212,7 +215,10 @@ async fn foreign_release_wakes_a_cluster_waiter_through_keyspace_events() {
         let other = OwnerToken::random().to_string();
         let task = spawn_foreign_waiter(foreign.clone(), n.to_string(), other.clone());
         sleep(Duration::from_millis(300)).await;
-        assert!(!task.is_finished(), "the foreign client got a lock polylock holds");
+        assert!(
+            !task.is_finished(),
+            "the foreign client got a lock polylock holds"
+        );
         let released = Instant::now();
         ours.release(&lease).await.unwrap();
         to_foreign.push(task.await.unwrap() - released);
@@ -235,10 +241,22 @@ async fn owner_of_slot(cluster: &RedisCluster, slot: i64) -> (Vec<String>, usize
     let mut owner = None;
     for (i, s) in cluster.servers().iter().enumerate() {
         let mut c = common::raw(&s.url()).await;
-        let id: String = redis::cmd("CLUSTER").arg("MYID").query_async(&mut c).await.unwrap();
+        let id: String = redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query_async(&mut c)
+            .await
+            .unwrap();
         // Ownership as the member itself states it.
-        let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(&mut c).await.unwrap();
-        let mine = nodes.lines().find(|l| l.contains("myself")).unwrap().to_string();
+        let nodes: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let mine = nodes
+            .lines()
+            .find(|l| l.contains("myself"))
+            .unwrap()
+            .to_string();
         let owns = mine.split(' ').skip(8).any(|r| {
             let (lo, hi) = r.split_once('-').unwrap_or((r, r));
             matches!((lo.parse::<i64>(), hi.parse::<i64>()), (Ok(lo), Ok(hi)) if lo <= slot && slot <= hi)
@@ -263,8 +281,14 @@ async fn move_slot(cluster: &RedisCluster, ids: &[String], slot: i64, from: usiz
         c.arg("SETSLOT").arg(slot).arg(state).arg(id);
         c
     };
-    let _: () = set("IMPORTING", &ids[from]).query_async(&mut dst).await.unwrap();
-    let _: () = set("MIGRATING", &ids[to]).query_async(&mut src).await.unwrap();
+    let _: () = set("IMPORTING", &ids[from])
+        .query_async(&mut dst)
+        .await
+        .unwrap();
+    let _: () = set("MIGRATING", &ids[to])
+        .query_async(&mut src)
+        .await
+        .unwrap();
     loop {
         let keys: Vec<String> = redis::cmd("CLUSTER")
             .arg("GETKEYSINSLOT")
@@ -335,7 +359,10 @@ async fn cluster_waiters_follow_a_slot_move() {
     sleep(Duration::from_millis(3000)).await;
     let mut handoffs = Vec::new();
     for (n, token, waiter) in held {
-        assert!(!waiter.is_finished(), "{n}: acquired while the foreign client held it");
+        assert!(
+            !waiter.is_finished(),
+            "{n}: acquired while the foreign client held it"
+        );
         // The key lives on the new owner now.
         let on_new: bool = {
             let mut c = common::raw(&cluster.servers()[to].url()).await;

@@ -196,7 +196,9 @@ pub async fn keyspace_events_on(cluster: &testkit::RedisCluster) {
 }
 
 /// A foreign cluster client (no lock layer), following MOVED by itself.
-pub async fn raw_cluster(cluster: &testkit::RedisCluster) -> redis::cluster_async::ClusterConnection {
+pub async fn raw_cluster(
+    cluster: &testkit::RedisCluster,
+) -> redis::cluster_async::ClusterConnection {
     let nodes: Vec<String> = cluster.servers().iter().map(|s| s.url()).collect();
     redis::cluster::ClusterClient::new(nodes)
         .expect("cluster client")
