@@ -224,6 +224,38 @@ async fn foreign_release_wakes_a_cluster_waiter_through_keyspace_events() {
         to_foreign.push(task.await.unwrap() - released);
         assert!(compare_and_delete(&mut foreign, n.as_str(), &other).await);
     }
+    // A cancelled waiter gives its keyspace subscription on the owner up.
+    let n = name("keyspace/cancelled");
+    let token = OwnerToken::random().to_string();
+    assert!(foreign_take(&mut foreign, n.as_str(), &token).await);
+    let channel = format!("__keyspace@0__:{n}");
+    let mut admins = Vec::new();
+    for s in cluster.servers() {
+        admins.push(common::raw(&s.url()).await);
+    }
+    let subscribed = |want: i64| {
+        let admins = &admins;
+        let channel = &channel;
+        async move {
+            let mut total = 0;
+            for a in admins {
+                total += common::numsub(a, channel).await;
+            }
+            total == want
+        }
+    };
+    let waiter = spawn_timed_acquire(&ours, wait_req(&n, ttl, Duration::from_secs(20)));
+    assert!(
+        common::eventually(Duration::from_secs(10), || subscribed(1)).await,
+        "the waiter did not subscribe to {channel}"
+    );
+    waiter.abort();
+    assert!(
+        common::eventually(Duration::from_secs(10), || subscribed(0)).await,
+        "a cancelled waiter left its keyspace subscription behind"
+    );
+    assert!(compare_and_delete(&mut foreign, n.as_str(), &token).await);
+
     let (a, b) = (median(&mut to_polylock), median(&mut to_foreign));
     eprintln!(
         "cluster hand-off with keyspace notifications: foreign release -> polylock median {a:?} \
@@ -380,5 +412,47 @@ async fn cluster_waiters_follow_a_slot_move() {
     assert!(
         m < Duration::from_millis(100),
         "hand-offs after the slot moved {handoffs:?}: the waiters did not follow it"
+    );
+}
+
+/// A waiter whose keyspace subscription is cut (the owner drops its pub/sub
+/// connections) just before the foreign release still gets the lock
+/// promptly: it polls while it is unsure, resubscribes, and never waits on
+/// a dead subscription.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_subscription_costs_latency_not_the_wait() {
+    let cluster = RedisCluster::start(3).expect("cluster");
+    keyspace_events_on(&cluster).await;
+    let url = format!("redis+cluster://{}", cluster.seed_nodes());
+    let ours = backend(&url).await;
+    let mut foreign = raw_cluster(&cluster).await;
+    let ttl = Duration::from_secs(30);
+    let mut handoffs = Vec::new();
+    for i in 0..3 {
+        let n = name(&format!("cut/{i}"));
+        let token = OwnerToken::random().to_string();
+        assert!(foreign_take(&mut foreign, n.as_str(), &token).await);
+        let waiter = spawn_timed_acquire(&ours, wait_req(&n, ttl, Duration::from_secs(20)));
+        sleep(Duration::from_millis(1200)).await;
+        for s in cluster.servers() {
+            let mut c = common::raw(&s.url()).await;
+            let _: i64 = redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("TYPE")
+                .arg("pubsub")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+        let released = Instant::now();
+        assert!(compare_and_delete(&mut foreign, n.as_str(), &token).await);
+        let (got, lease) = waiter.await.unwrap();
+        handoffs.push(got - released);
+        ours.release(&lease.expect("acquired")).await.unwrap();
+    }
+    eprintln!("hand-off with the subscription cut at the release: {handoffs:?}");
+    assert!(
+        handoffs.iter().all(|h| *h < Duration::from_secs(2)),
+        "{handoffs:?}"
     );
 }
