@@ -838,8 +838,8 @@ impl LockBackend for RedisBackend {
             }
             ForeignWake::KeyspaceEvents => "keyspace notifications for foreign releases",
             ForeignWake::Polling if cluster => {
-                "polling (10-100 ms) for foreign releases: keyspace notifications are not on on \
-                 every master"
+                "polling (10-100 ms) for foreign releases: keyspace notifications are off on some \
+                 master"
             }
             ForeignWake::Polling => {
                 "polling (10-100 ms) for foreign releases: the server sends no keyspace \

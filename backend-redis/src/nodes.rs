@@ -168,7 +168,8 @@ impl Nodes {
                 }
             }
         }
-        Err(last.unwrap_or(Fail::Timeout(Duration::ZERO)))
+        // `starts` holds at least the URL's seeds, so some attempt failed.
+        Err(last.unwrap_or(Fail::Timeout(self.shared.cfg.timeout)))
     }
 }
 
@@ -346,7 +347,14 @@ async fn follow(nodes: Nodes, key: String, channel: String, state: Arc<FollowSta
                 holds || subscribe_on(&nodes, &key, &channel, &addr, &state).await
             }
             Err(e) => {
-                tracing::debug!(key = %key, error = ?e, "polylock redis: the owner of the key's slot is unsure; polling");
+                // Through the one place that scrubs the password from a
+                // driver's text.
+                let e = crate::errors::to_lock_error(
+                    &nodes.shared.cfg,
+                    "finding the owner of the key's slot",
+                    e,
+                );
+                tracing::debug!(key = %key, error = %e, "polylock redis: the owner of the key's slot is unsure; polling");
                 state.unsure();
                 false
             }
