@@ -1,8 +1,8 @@
 //! [`RedisBackend`]: the [`LockBackend`] implementation.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -120,6 +120,10 @@ struct Inner {
     subscriber: Subscriber,
     /// A cluster's nodes, each reachable on its own.
     nodes: Option<Nodes>,
+    /// The slot followers of the keys this client's waiters wait for, one
+    /// per key however many of its tasks wait (each checks the slot's
+    /// owner every second).
+    followers: Mutex<HashMap<String, Weak<Follower>>>,
     foreign_wake: ForeignWake,
     /// Acquire attempts (name, owner) whose reply never arrived: timed
     /// out, failed on the wire, or dropped. Such an attempt may have taken
@@ -245,6 +249,7 @@ impl RedisBackend {
                 link,
                 subscriber,
                 nodes,
+                followers: Mutex::default(),
                 foreign_wake,
                 unanswered: Mutex::default(),
             }),
@@ -518,6 +523,24 @@ impl RedisBackend {
         Ok(keys)
     }
 
+    /// The follower of `key`'s slot owner, shared by this client's waiters
+    /// of that key; it stops when the last of them is done.
+    fn follower(&self, nodes: &Nodes, key: &str, channel: String) -> Arc<Follower> {
+        // Lookups, inserts and a sweep of dead entries only.
+        let mut map = self
+            .inner
+            .followers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = map.get(key).and_then(Weak::upgrade) {
+            return f;
+        }
+        map.retain(|_, f| f.strong_count() > 0);
+        let f = Arc::new(Follower::start(nodes.clone(), key.to_string(), channel));
+        map.insert(key.to_string(), Arc::downgrade(&f));
+        f
+    }
+
     /// What `inspect` shows for a holder other than polylock.
     fn foreign_holder(&self, value: &str) -> String {
         format!(
@@ -615,9 +638,7 @@ impl LockBackend for RedisBackend {
             match &self.inner.nodes {
                 // Published on the slot owner's node alone: subscribed
                 // there, and followed when the slot moves.
-                Some(nodes) => {
-                    follower = Some(Follower::start(nodes.clone(), keys.lock.clone(), channel));
-                }
+                Some(nodes) => follower = Some(self.follower(nodes, &keys.lock, channel)),
                 None => {
                     let (sub, ok) = self.inner.subscriber.subscribe(&channel, limit).await;
                     subs.push(sub);
@@ -635,7 +656,7 @@ impl LockBackend for RedisBackend {
         } else {
             SUBSCRIBED_BACKOFF
         };
-        let follower = follower.as_ref();
+        let follower = follower.as_deref();
         acquire_loop(attempt, deadline, backoff, || {
             wake_up(&subs, follower, &expiry)
         })

@@ -385,6 +385,10 @@ mod tests {
         assert!(matches!(e, Err(LockError::InvalidName { .. })), "{e:?}");
         let p = layout(Format::Plain, false, "__polylock__:");
         assert!(p.keys(&LockName::new("job").unwrap()).is_err());
+        // Nor as a Redisson lock, whose bookkeeping lives there too.
+        let r = layout(Format::Redisson, false, "");
+        let e = r.keys(&LockName::new("__polylock__:redisson:{job}").unwrap());
+        assert!(matches!(e, Err(LockError::InvalidName { .. })), "{e:?}");
     }
 
     #[test]
@@ -404,6 +408,7 @@ mod tests {
         assert_eq!(k.lock, "orders");
         assert_eq!(k.fence, "redisson_lock_token:{orders}");
         assert_eq!(k.channel, "redisson_lock__channel:{orders}");
+        assert_eq!(k.bookkeeping, "__polylock__:redisson:{orders}");
         // Braces are fine on a single server, refused on a cluster.
         assert!(l.keys(&LockName::new("a{b}c").unwrap()).is_ok());
         let c = layout(Format::Redisson, true, "");

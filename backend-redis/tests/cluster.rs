@@ -456,3 +456,58 @@ async fn a_cut_subscription_costs_latency_not_the_wait() {
         "{handoffs:?}"
     );
 }
+
+/// The `EXISTS` probes the cluster's nodes served (`INFO commandstats`).
+async fn exists_calls(cluster: &RedisCluster) -> u64 {
+    let mut total = 0;
+    for s in cluster.servers() {
+        let mut c = common::raw(&s.url()).await;
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        total += info
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_exists:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    total
+}
+
+/// Tasks of one client waiting for one key share one follower of its
+/// slot: the owner is checked about once a second for all of them, not
+/// once a second for each, and one release wakes them all in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_one_key_share_one_follower() {
+    let cluster = RedisCluster::start(3).expect("cluster");
+    keyspace_events_on(&cluster).await;
+    let url = format!("redis+cluster://{}", cluster.seed_nodes());
+    let ours = backend(&url).await;
+    let mut foreign = raw_cluster(&cluster).await;
+    let n = name("shared/one");
+    let token = OwnerToken::random().to_string();
+    assert!(foreign_take(&mut foreign, n.as_str(), &token).await);
+    let before = exists_calls(&cluster).await;
+    let waiters: Vec<_> = (0..4)
+        .map(|_| {
+            spawn_timed_acquire(
+                &ours,
+                wait_req(&n, Duration::from_millis(200), Duration::from_secs(30)),
+            )
+        })
+        .collect();
+    sleep(Duration::from_secs(4)).await;
+    let probes = exists_calls(&cluster).await - before;
+    // One follower: a probe and a confirming probe, then one a second
+    // (with MOVED hops from a seed that is not the owner); four would be
+    // four times that.
+    assert!(probes <= 12, "{probes} owner probes in 4 s for one key");
+    assert!(compare_and_delete(&mut foreign, n.as_str(), &token).await);
+    for w in waiters {
+        let (_, lease) = w.await.unwrap();
+        assert!(lease.is_some(), "every waiter is served in turn");
+    }
+}
