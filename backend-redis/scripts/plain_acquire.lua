@@ -2,10 +2,24 @@
 -- atomic step, so no two holders can ever see the same token.
 --
 -- KEYS[1] lock key (string: the owner token)   ARGV[1] owner token
--- KEYS[2] bookkeeping hash (fence, owner)      ARGV[2] TTL in milliseconds
+-- KEYS[2] bookkeeping hash (fence, owner,     ARGV[2] TTL in milliseconds
+--         meta)                               ARGV[3] holder description line,
+--                                               '' or absent for none
+--
+-- The description goes in the bookkeeping hash, never in the lock's value
+-- (foreign clients compare that value), and a grant without one removes the
+-- previous holder's, so it can only ever describe the holder it was written
+-- with.
 --
 -- Returns {1, fence} when taken, {0, pttl} when someone else holds it
 -- (pttl -1: the holder set no expiry).
+local function describe()
+  if ARGV[3] and ARGV[3] ~= '' then
+    redis.call('HSET', KEYS[2], 'meta', ARGV[3])
+  else
+    redis.call('HDEL', KEYS[2], 'meta')
+  end
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local ok = redis.pcall('HSETNX', KEYS[2], 'fence', fence_seed())
   if type(ok) == 'table' and ok.err then
@@ -16,6 +30,7 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   end
   local fence = redis.call('HINCRBY', KEYS[2], 'fence', 1)
   redis.call('HSET', KEYS[2], 'owner', ARGV[1])
+  describe()
   return {1, fence}
 end
 -- SET NX fails on a key of any type; say so instead of reporting "held"
@@ -32,6 +47,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('HGET', KEYS[2], 'owner'
   local fence = redis.call('HGET', KEYS[2], 'fence')
   if fence then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    describe()
     return {1, tonumber(fence)}
   end
 end

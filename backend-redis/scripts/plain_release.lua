@@ -22,5 +22,6 @@ if holder ~= ARGV[1] then
   return -1
 end
 redis.call('DEL', KEYS[1])
+redis.call('HDEL', KEYS[2], 'meta')
 redis.call('PUBLISH', ARGV[3], '0')
 return 1

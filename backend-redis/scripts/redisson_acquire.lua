@@ -4,6 +4,9 @@
 -- KEYS[2] fencing counter                       ARGV[2] holder field UUID:THREAD
 --                                               ARGV[3] 1: an earlier attempt of
 --                                                 this holder got no reply
+-- KEYS[3] polylock's bookkeeping hash           ARGV[4] holder description
+--         (owner: field of the last polylock      line, '' for none
+--         grant; meta)
 --
 -- The hash maps the holder's field to its hold count and carries the
 -- expiry. A free lock is taken with count 1 and a new fencing token; the
@@ -12,12 +15,24 @@
 -- attempt's grant, taken back with this attempt's TTL and no extra hold.
 --
 -- Returns {1, fence} when taken, {0, pttl} when someone else holds it.
+-- The description sits in polylock's own hash, never in Redisson's lock
+-- hash, beside the field it describes: it is shown only while that field
+-- is the live holder.
+local function book()
+  redis.call('HSET', KEYS[3], 'owner', ARGV[2])
+  if ARGV[4] ~= '' then
+    redis.call('HSET', KEYS[3], 'meta', ARGV[4])
+  else
+    redis.call('HDEL', KEYS[3], 'meta')
+  end
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   -- Bump the counter first: if it fails nothing has been written yet.
   redis.call('SET', KEYS[2], fence_seed(), 'NX')
   local fence = redis.call('INCR', KEYS[2])
   redis.call('HSET', KEYS[1], ARGV[2], 1)
   redis.call('PEXPIRE', KEYS[1], ARGV[1])
+  book()
   return {1, fence}
 end
 local kind = redis.call('TYPE', KEYS[1])['ok']
@@ -27,6 +42,11 @@ end
 if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1 then
   if ARGV[3] ~= '1' then
     redis.call('HINCRBY', KEYS[1], ARGV[2], 1)
+  end
+  -- A re-entry keeps the first hold's description; a recovered grant is
+  -- this very request's, and bookkeeping that went missing is restored.
+  if ARGV[3] == '1' or redis.call('HGET', KEYS[3], 'owner') ~= ARGV[2] then
+    book()
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[1])
   local fence = redis.call('GET', KEYS[2])

@@ -3,6 +3,7 @@
 --
 -- KEYS[1] the lock hash    ARGV[1] holder field     ARGV[3] TTL in milliseconds
 -- KEYS[2] fencing counter  ARGV[2] fencing token    ARGV[4] Redisson's channel
+-- KEYS[3] polylock's bookkeeping hash
 --
 -- Returns 1 released, 2 a hold remains (expiry reset to the TTL), 0 nothing
 -- to release (gone, and nobody was granted it since), -1 lost: someone else
@@ -21,5 +22,6 @@ if redis.call('HINCRBY', KEYS[1], ARGV[1], -1) > 0 then
   return 2
 end
 redis.call('DEL', KEYS[1])
+redis.call('HDEL', KEYS[3], 'meta')
 redis.call('PUBLISH', ARGV[4], '0')
 return 1

@@ -1,15 +1,15 @@
 //! [`RedisBackend`]: the [`LockBackend`] implementation.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::wait::{acquire_loop, Backoff};
 use lock_core::{
-    AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Lease,
-    LockBackend, LockError, LockName, OwnerToken, WaitMechanism,
+    validate_list, AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees,
+    HolderInfo, HolderMeta, Lease, LockBackend, LockError, LockName, OwnerToken, WaitMechanism,
 };
 use tokio::time::Instant;
 
@@ -17,6 +17,7 @@ use crate::config::{Algorithm, Format, RedisConfig};
 use crate::conn::{client_for, Link};
 use crate::errors::{connect_error, to_lock_error, Fail, RedisFailure, BACKEND};
 use crate::format::{all_scripts, Layout, LockKeys, FORCE_RELEASE, RELEASE_MESSAGE};
+use crate::nodes::{Follower, Nodes};
 use crate::wait::{wake_up, ForeignWake, Subscriber};
 
 /// What can make fencing tokens go backwards on Redis.
@@ -52,6 +53,10 @@ const FOREIGN_POLL_BACKOFF: Backoff = Backoff {
 /// - `survives_failover: false`: replication is asynchronous; `WAIT`
 ///   (`wait_replicas=`) narrows the window but does not close it.
 /// - waiters wake on pub/sub messages; `force_release` is supported.
+/// - holder metadata (in polylock's bookkeeping hash beside the lock),
+///   `list` (a `SCAN` of the bookkeeping hashes, on every master of a
+///   cluster) and waiter counts (`PUBSUB NUMSUB` of the release channel,
+///   summed over a cluster's nodes) are supported.
 ///
 /// [`Algorithm::Redlock`]:
 /// - fencing: [`FencingGuarantee::UnlessDataLoss`]
@@ -64,6 +69,10 @@ const FOREIGN_POLL_BACKOFF: Backoff = Backoff {
 ///   that reaches every node's waiters at once).
 /// - TTLs of at least [`REDLOCK_MIN_TTL`](crate::REDLOCK_MIN_TTL), in milliseconds;
 ///   `force_release` removes the lock on every node.
+/// - holder metadata: each node's grant writes it beside the lock, and
+///   `inspect` shows what a majority of the holder's nodes agree on. No
+///   `list` and no waiter count (waiters poll; nothing on a server sees
+///   them).
 pub fn guarantees(algorithm: Algorithm) -> Guarantees {
     if algorithm == Algorithm::Redlock {
         return crate::redlock::guarantees();
@@ -78,6 +87,9 @@ pub fn guarantees(algorithm: Algorithm) -> Guarantees {
     g.min_ttl = Duration::from_millis(1);
     g.ttl_granularity = Duration::from_millis(1);
     g.force_release = true;
+    g.holder_meta = true;
+    g.list = true;
+    g.counts_waiters = true;
     g
 }
 
@@ -106,6 +118,12 @@ struct Inner {
     layout: Layout,
     link: Link,
     subscriber: Subscriber,
+    /// A cluster's nodes, each reachable on its own.
+    nodes: Option<Nodes>,
+    /// The slot followers of the keys this client's waiters wait for, one
+    /// per key however many of its tasks wait (each checks the slot's
+    /// owner every second).
+    followers: Mutex<HashMap<String, Weak<Follower>>>,
     foreign_wake: ForeignWake,
     /// Acquire attempts (name, owner) whose reply never arrived: timed
     /// out, failed on the wire, or dropped. Such an attempt may have taken
@@ -172,6 +190,13 @@ impl fmt::Debug for RedisBackend {
     }
 }
 
+/// A lock's holder as `inspect` shows it, and whether it is the holder of
+/// the last polylock grant.
+struct Holder {
+    info: HolderInfo,
+    ours: bool,
+}
+
 /// The outcome of one attempt.
 enum Attempt {
     Acquired(Lease),
@@ -215,24 +240,28 @@ impl RedisBackend {
             prefix: config.prefix.clone(),
             cluster: config.cluster,
         };
-        let foreign_wake = ForeignWake::detect(&config, &link).await;
-        tracing::info!(
-            url = %config.redacted_url(),
-            format = %config.format(),
-            foreign_wake = %foreign_wake,
-            "polylock redis: connected; {}",
-            foreign_wake.describe()
-        );
-        Ok(RedisBackend {
+        let nodes = config.cluster.then(|| Nodes::new(&config));
+        let foreign_wake = ForeignWake::detect(&config, &link, nodes.as_ref()).await;
+        let backend = RedisBackend {
             inner: Arc::new(Inner {
                 config,
                 layout,
                 link,
                 subscriber,
+                nodes,
+                followers: Mutex::default(),
                 foreign_wake,
                 unanswered: Mutex::default(),
             }),
-        })
+        };
+        tracing::info!(
+            url = %backend.inner.config.redacted_url(),
+            format = %backend.inner.config.format(),
+            foreign_wake = %foreign_wake,
+            "polylock redis: connected; waiters wake by {}",
+            backend.wake_mode()
+        );
+        Ok(backend)
     }
 
     /// How this client's waiters learn that a foreign holder (a client
@@ -304,12 +333,22 @@ impl RedisBackend {
         let holder = self.inner.layout.holder(req.owner);
         let (pending, recover) =
             Unanswered::mark(&self.inner.unanswered, (req.name.clone(), req.owner));
+        let meta = req
+            .meta
+            .as_ref()
+            .map(HolderMeta::encode)
+            .unwrap_or_default();
         let mut inv = scripts.acquire.prepare_invoke();
         inv.key(&keys.lock).key(&keys.fence);
         match self.inner.layout.format {
             // The plain format recognises its own grant by value alone.
-            Format::Plain => inv.arg(&holder).arg(ttl_ms),
-            Format::Redisson => inv.arg(ttl_ms).arg(&holder).arg(u8::from(recover)),
+            Format::Plain => inv.arg(&holder).arg(ttl_ms).arg(&meta),
+            Format::Redisson => inv
+                .key(&keys.bookkeeping)
+                .arg(ttl_ms)
+                .arg(&holder)
+                .arg(u8::from(recover))
+                .arg(&meta),
         };
         // Measured before sending: the deadline can only come early.
         let sent_at = Instant::now();
@@ -354,6 +393,152 @@ impl RedisBackend {
             }
         }
         Ok(Attempt::Acquired(lease))
+    }
+
+    /// Who holds `name`, and whether it is the holder polylock's
+    /// bookkeeping records (a lock this library took).
+    async fn holder(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+        let keys = self.keys(name)?;
+        let mut inv = self.inner.layout.scripts().inspect.prepare_invoke();
+        inv.key(&keys.lock).key(&keys.fence);
+        if self.inner.layout.format == Format::Redisson {
+            inv.key(&keys.bookkeeping);
+        }
+        let err = |e: redis::RedisError| self.err("inspect", name, Fail::Redis(e));
+        let reply: Vec<redis::Value> = self
+            .inner
+            .link
+            .invoke(&inv)
+            .await
+            .map_err(|f| self.err("inspect", name, f))?;
+        let mut reply = reply.into_iter();
+        let mut next = || reply.next().unwrap_or(redis::Value::Nil);
+        let holder = next();
+        let pttl: i64 = redis::from_redis_value(next()).map_err(|e| err(e.into()))?;
+        let fence: Option<u64> = redis::from_redis_value(next()).map_err(|e| err(e.into()))?;
+        // The holder of the last polylock grant (the token, or the
+        // Redisson field), and its description.
+        let last_grant: Option<String> =
+            redis::from_redis_value(next()).map_err(|e| err(e.into()))?;
+        let meta: Option<String> = redis::from_redis_value(next()).map_err(|e| err(e.into()))?;
+        let expires_in = u64::try_from(pttl).ok().map(Duration::from_millis);
+        let holder = match self.inner.layout.format {
+            Format::Plain => {
+                let redis::Value::BulkString(value) = holder else {
+                    return Ok(None);
+                };
+                let value = String::from_utf8_lossy(&value).into_owned();
+                // Ours exactly when the value is the token of the last
+                // polylock grant: foreign clients never write that field.
+                if last_grant.as_deref() == Some(value.as_str()) {
+                    Holder {
+                        info: HolderInfo::new(value, fence.and_then(FencingToken::new), expires_in)
+                            .with_meta(meta.as_deref().and_then(HolderMeta::decode)),
+                        ours: true,
+                    }
+                } else {
+                    Holder {
+                        info: HolderInfo::new(self.foreign_holder(&value), None, expires_in),
+                        ours: false,
+                    }
+                }
+            }
+            Format::Redisson => {
+                let pairs: Vec<String> =
+                    redis::from_redis_value(holder).map_err(|e| err(e.into()))?;
+                // field, count, field, count, ...: a Redisson lock has one
+                // field; show them all if someone wrote more.
+                let fields: Vec<_> = pairs.chunks(2).map(|p| p[0].clone()).collect();
+                if fields.is_empty() {
+                    return Ok(None);
+                }
+                let owner = fields.join(",");
+                let fence = fence
+                    .filter(|_| self.inner.layout.looks_like_ours(&owner))
+                    .and_then(FencingToken::new);
+                let ours = fields.len() == 1 && last_grant.as_deref() == Some(owner.as_str());
+                let meta = meta
+                    .as_deref()
+                    .filter(|_| ours)
+                    .and_then(HolderMeta::decode);
+                Holder {
+                    info: HolderInfo::new(owner, fence, expires_in).with_meta(meta),
+                    ours,
+                }
+            }
+        };
+        Ok(Some(holder))
+    }
+
+    /// Every key that looks like this layout's bookkeeping, from `SCAN` on
+    /// the server or on every master of the cluster (duplicates possible
+    /// while slots move).
+    async fn bookkeeping_keys(&self) -> Result<Vec<String>, LockError> {
+        let pattern = self.inner.layout.bookkeeping_pattern();
+        let err = |f| to_lock_error(&self.inner.config, "list (SCAN)", f);
+        let scan = |cursor: u64| {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000);
+            cmd
+        };
+        let mut keys = Vec::new();
+        match &self.inner.nodes {
+            None => {
+                let mut cursor = 0;
+                loop {
+                    let (next, mut batch): (u64, Vec<String>) = self
+                        .inner
+                        .link
+                        .command(&scan(cursor), Duration::ZERO)
+                        .await
+                        .map_err(err)?;
+                    keys.append(&mut batch);
+                    if next == 0 {
+                        break;
+                    }
+                    cursor = next;
+                }
+            }
+            Some(nodes) => {
+                let members = nodes.members(&self.inner.link).await.map_err(err)?;
+                for m in members.iter().filter(|m| m.master) {
+                    let node = nodes.node(&m.addr).map_err(err)?;
+                    let mut cursor = 0;
+                    loop {
+                        let (next, mut batch): (u64, Vec<String>) =
+                            node.command(&scan(cursor)).await.map_err(err)?;
+                        keys.append(&mut batch);
+                        if next == 0 {
+                            break;
+                        }
+                        cursor = next;
+                    }
+                }
+            }
+        }
+        Ok(keys)
+    }
+
+    /// The follower of `key`'s slot owner, shared by this client's waiters
+    /// of that key; it stops when the last of them is done.
+    fn follower(&self, nodes: &Nodes, key: &str, channel: String) -> Arc<Follower> {
+        // Lookups, inserts and a sweep of dead entries only.
+        let mut map = self
+            .inner
+            .followers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = map.get(key).and_then(Weak::upgrade) {
+            return f;
+        }
+        map.retain(|_, f| f.strong_count() > 0);
+        let f = Arc::new(Follower::start(nodes.clone(), key.to_string(), channel));
+        map.insert(key.to_string(), Arc::downgrade(&f));
+        f
     }
 
     /// What `inspect` shows for a holder other than polylock.
@@ -446,12 +631,20 @@ impl LockBackend for RedisBackend {
         let mut subs = Vec::with_capacity(2);
         let (sub, mut subscribed) = self.inner.subscriber.subscribe(&keys.channel, limit).await;
         subs.push(sub);
+        let mut follower = None;
         if self.inner.foreign_wake == ForeignWake::KeyspaceEvents {
             // A foreign client's release announces itself only this way.
             let channel = format!("__keyspace@{}__:{}", self.inner.config.db(), keys.lock);
-            let (sub, ok) = self.inner.subscriber.subscribe(&channel, limit).await;
-            subs.push(sub);
-            subscribed &= ok;
+            match &self.inner.nodes {
+                // Published on the slot owner's node alone: subscribed
+                // there, and followed when the slot moves.
+                Some(nodes) => follower = Some(self.follower(nodes, &keys.lock, channel)),
+                None => {
+                    let (sub, ok) = self.inner.subscriber.subscribe(&channel, limit).await;
+                    subs.push(sub);
+                    subscribed &= ok;
+                }
+            }
         }
         // The subscription is live from here on, so the loop's first attempt
         // (made now) cannot miss a release that came after the one above.
@@ -463,7 +656,11 @@ impl LockBackend for RedisBackend {
         } else {
             SUBSCRIBED_BACKOFF
         };
-        acquire_loop(attempt, deadline, backoff, || wake_up(&subs, &expiry)).await
+        let follower = follower.as_deref();
+        acquire_loop(attempt, deadline, backoff, || {
+            wake_up(&subs, follower, &expiry)
+        })
+        .await
     }
 
     /// Compare-owner-and-`PEXPIRE`, by script.
@@ -522,7 +719,8 @@ impl LockBackend for RedisBackend {
             .arg(&holder)
             .arg(lease.fence().get());
         if self.inner.layout.format == Format::Redisson {
-            inv.arg(self.guarantees().granted_ttl(lease.ttl(), PX_UNIT).1);
+            inv.key(&keys.bookkeeping)
+                .arg(self.guarantees().granted_ttl(lease.ttl(), PX_UNIT).1);
         }
         inv.arg(&keys.channel);
         let r: i64 = self
@@ -540,64 +738,96 @@ impl LockBackend for RedisBackend {
         }
     }
 
-    /// One script reads the holder, its remaining TTL and the fencing
-    /// counter together. The fencing token is shown when the holder looks
-    /// like a polylock holder: it is then the last token issued for the
-    /// name, which is the holder's own.
+    /// One script reads the holder, its remaining TTL, the fencing
+    /// counter and polylock's bookkeeping together. The fencing token is
+    /// shown when the holder looks like a polylock holder: it is then the
+    /// last token issued for the name, which is the holder's own. The
+    /// holder's description only while the bookkeeping names the live
+    /// holder.
     ///
     /// # Cancel safety
     /// Cancel safe: read only.
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
+        Ok(self.holder(name).await?.map(|h| h.info))
+    }
+
+    /// polylock's locks under `prefix`: the bookkeeping hashes are found
+    /// by `SCAN` (on every master of a cluster), the exact name recovered
+    /// from each key, and each candidate, in name order, read like
+    /// [`inspect`](LockBackend::inspect) and kept when it is held by the
+    /// owner its bookkeeping records (live and unexpired, and not a foreign
+    /// client's).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn list(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<(LockName, HolderInfo)>, LockError> {
+        let limit = validate_list(prefix, limit)?;
+        let mut names: Vec<LockName> = self
+            .bookkeeping_keys()
+            .await?
+            .iter()
+            .filter_map(|k| self.inner.layout.name_of_bookkeeping(k))
+            .filter(|n| n.as_str().starts_with(prefix))
+            .collect();
+        names.sort();
+        names.dedup();
+        // Every name ever locked keeps its bookkeeping (the fencing counter
+        // is never deleted), so most candidates may be free: read them a
+        // few at a time, in order, until `limit` held ones are found.
+        let mut held = Vec::new();
+        for chunk in names.chunks(32) {
+            let reads = chunk.iter().map(|n| self.holder(n));
+            for (name, h) in chunk.iter().zip(futures::future::join_all(reads).await) {
+                if let Some(h) = h? {
+                    if h.ours && held.len() < limit {
+                        held.push((name.clone(), h.info));
+                    }
+                }
+            }
+            if held.len() >= limit {
+                break;
+            }
+        }
+        Ok(held)
+    }
+
+    /// The connections subscribed to the lock's release channel, as the
+    /// server counts them (`PUBSUB NUMSUB`; on a cluster summed over every
+    /// node, since each counts only its own clients): one per waiting
+    /// client, whichever of its tasks wait (they share a subscription), and
+    /// Redisson clients waiting on the same channel in the `redisson`
+    /// format. A waiter counts from its first failed attempt until it
+    /// returns. Foreign `plain`-format clients wait by retrying and are not
+    /// seen.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn waiters(&self, name: &LockName) -> Result<Option<usize>, LockError> {
         let keys = self.keys(name)?;
-        let mut inv = self.inner.layout.scripts().inspect.prepare_invoke();
-        inv.key(&keys.lock).key(&keys.fence);
-        let err = |e: redis::RedisError| self.err("inspect", name, Fail::Redis(e));
-        let reply: Vec<redis::Value> = self
-            .inner
-            .link
-            .invoke(&inv)
-            .await
-            .map_err(|f| self.err("inspect", name, f))?;
-        let mut reply = reply.into_iter();
-        let mut next = || reply.next().unwrap_or(redis::Value::Nil);
-        let holder = next();
-        let pttl: i64 = redis::from_redis_value(next()).map_err(|e| err(e.into()))?;
-        let fence: Option<u64> = redis::from_redis_value(next()).map_err(|e| err(e.into()))?;
-        // Plain format only: the token of the last polylock grant.
-        let last_grant: Option<String> =
-            redis::from_redis_value(next()).map_err(|e| err(e.into()))?;
-        let expires_in = u64::try_from(pttl).ok().map(Duration::from_millis);
-        let info = match self.inner.layout.format {
-            Format::Plain => {
-                let redis::Value::BulkString(value) = holder else {
-                    return Ok(None);
-                };
-                let value = String::from_utf8_lossy(&value).into_owned();
-                // Ours exactly when the value is the token of the last
-                // polylock grant: foreign clients never write that field.
-                if last_grant.as_deref() == Some(value.as_str()) {
-                    HolderInfo::new(value, fence.and_then(FencingToken::new), expires_in)
-                } else {
-                    HolderInfo::new(self.foreign_holder(&value), None, expires_in)
-                }
-            }
-            Format::Redisson => {
-                let pairs: Vec<String> =
-                    redis::from_redis_value(holder).map_err(|e| err(e.into()))?;
-                // field, count, field, count, ...: a Redisson lock has one
-                // field; show them all if someone wrote more.
-                let fields: Vec<_> = pairs.chunks(2).map(|p| p[0].clone()).collect();
-                if fields.is_empty() {
-                    return Ok(None);
-                }
-                let owner = fields.join(",");
-                let fence = fence
-                    .filter(|_| self.inner.layout.looks_like_ours(&owner))
-                    .and_then(FencingToken::new);
-                HolderInfo::new(owner, fence, expires_in)
-            }
+        let mut cmd = redis::cmd("PUBSUB");
+        cmd.arg("NUMSUB").arg(&keys.channel);
+        let count = |v: Vec<(String, i64)>| v.first().map_or(0, |(_, n)| *n).max(0) as usize;
+        let err = |f| self.err("waiters", name, f);
+        let Some(nodes) = &self.inner.nodes else {
+            let v = self
+                .inner
+                .link
+                .command(&cmd, Duration::ZERO)
+                .await
+                .map_err(err)?;
+            return Ok(Some(count(v)));
         };
-        Ok(Some(info))
+        let members = nodes.members(&self.inner.link).await.map_err(err)?;
+        let mut total = 0;
+        for m in members {
+            let node = nodes.node(&m.addr).map_err(err)?;
+            total += count(node.command(&cmd).await.map_err(err)?);
+        }
+        Ok(Some(total))
     }
 
     /// Deletes the lock key whoever holds it and publishes the release
@@ -616,6 +846,29 @@ impl LockBackend for RedisBackend {
             .await
             .map_err(|f| self.err("force_release", name, f))?;
         Ok(r == 1)
+    }
+
+    /// pub/sub for polylock's own releases, and for foreign releases what
+    /// [`RedisBackend::foreign_wake`] found at connect time.
+    fn wake_mode(&self) -> String {
+        let cluster = self.inner.nodes.is_some();
+        let foreign = match self.inner.foreign_wake {
+            ForeignWake::KeyspaceEvents if cluster => {
+                "keyspace notifications for foreign releases, on the node that owns the key's slot \
+                 (polling while that node is unsure)"
+            }
+            ForeignWake::KeyspaceEvents => "keyspace notifications for foreign releases",
+            ForeignWake::Polling if cluster => {
+                "polling (10-100 ms) for foreign releases: keyspace notifications are off on some \
+                 master"
+            }
+            ForeignWake::Polling => {
+                "polling (10-100 ms) for foreign releases: the server sends no keyspace \
+                 notifications"
+            }
+            ForeignWake::RedissonMessage => "pub/sub for Redisson's own releases as well",
+        };
+        format!("pub/sub for polylock releases; {foreign}")
     }
 
     fn guarantees(&self) -> Guarantees {

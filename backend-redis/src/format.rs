@@ -23,6 +23,13 @@ pub struct LockKeys {
     pub fence: String,
     /// The channel a release is published on.
     pub channel: String,
+    /// polylock's own bookkeeping hash, where the `owner` field names the
+    /// holder of the last polylock grant and `meta` describes it
+    /// ([`lock_core::HolderMeta`]): in the `plain` format the same hash as
+    /// [`fence`](Self::fence); in the `redisson` format
+    /// `__polylock__:redisson:{TAG}[:NAME]`, beside Redisson's own keys,
+    /// which it leaves exactly as Redisson writes them.
+    pub bookkeeping: String,
 }
 
 /// The scripts of one format. Each is hashed once ([`Script`] keeps the
@@ -77,6 +84,9 @@ pub(crate) const RELEASE_MESSAGE: &str = "0";
 /// never collide with a lock or a foreign client's data.
 pub(crate) const AUX: &str = "__polylock__:";
 
+/// Where the `redisson` format's bookkeeping hashes start, inside [`AUX`].
+const REDISSON_BOOK: &str = "__polylock__:redisson:";
+
 /// Maps names to keys for one format and prefix.
 #[derive(Clone, Debug)]
 pub(crate) struct Layout {
@@ -116,31 +126,26 @@ impl Layout {
             Format::Plain => {
                 let lock = format!("{}{}", self.prefix, name.as_str());
                 if lock.starts_with(AUX) {
-                    return Err(LockError::InvalidName {
-                        reason: format!(
-                            "{lock:?} begins with {AUX:?}, the namespace polylock keeps its \
-                             fencing counters and channels in"
-                        ),
-                    });
+                    return Err(aux_refused(&lock));
                 }
-                let tag = cluster_tag(&lock);
-                let suffix = if tag == lock {
-                    String::new()
-                } else {
-                    format!(":{lock}")
-                };
+                let beside = beside(&lock);
                 Ok(LockKeys {
-                    fence: format!("{AUX}{{{tag}}}{suffix}"),
-                    channel: format!("{AUX}released:{{{tag}}}{suffix}"),
+                    fence: format!("{AUX}{beside}"),
+                    channel: format!("{AUX}released:{beside}"),
+                    bookkeeping: format!("{AUX}{beside}"),
                     lock,
                 })
             }
             Format::Redisson => {
                 let n = name.as_str();
+                if n.starts_with(AUX) {
+                    return Err(aux_refused(n));
+                }
                 let keys = LockKeys {
                     lock: n.to_string(),
                     fence: format!("redisson_lock_token:{{{n}}}"),
                     channel: format!("redisson_lock__channel:{{{n}}}"),
+                    bookkeeping: format!("{REDISSON_BOOK}{}", beside(n)),
                 };
                 if self.cluster && slot(&keys.lock) != slot(&keys.fence) {
                     return Err(LockError::InvalidName {
@@ -155,6 +160,38 @@ impl Layout {
                 Ok(keys)
             }
         }
+    }
+
+    /// The `SCAN MATCH` pattern of this format's bookkeeping hashes.
+    pub(crate) fn bookkeeping_pattern(&self) -> String {
+        match self.format {
+            Format::Plain => format!("{AUX}{{*"),
+            Format::Redisson => format!("{REDISSON_BOOK}{{*"),
+        }
+    }
+
+    /// The lock whose bookkeeping hash is `key`, if `key` is one of this
+    /// layout's (format and prefix): the exact name, recovered from the key
+    /// (`{TAG}` then `:KEY`, or `{KEY}` alone; a tag never contains `}`, so
+    /// the split is unambiguous) and checked by mapping it back.
+    pub(crate) fn name_of_bookkeeping(&self, key: &str) -> Option<LockName> {
+        let rest = match self.format {
+            Format::Plain => key.strip_prefix(AUX)?,
+            Format::Redisson => key.strip_prefix(REDISSON_BOOK)?,
+        };
+        let (tag, after) = rest.strip_prefix('{')?.split_once('}')?;
+        let lock_key = if after.is_empty() {
+            tag
+        } else {
+            after.strip_prefix(':')?
+        };
+        let name = match self.format {
+            Format::Plain => lock_key.strip_prefix(self.prefix.as_str())?,
+            Format::Redisson => lock_key,
+        };
+        let name = LockName::new(name).ok()?;
+        let keys = self.keys(&name).ok()?;
+        (keys.bookkeeping == key).then_some(name)
     }
 
     /// What the lock stores as its holder for `owner`: the token itself
@@ -173,6 +210,26 @@ impl Layout {
         holder.split_once(':').is_some_and(|(uuid, thread)| {
             uuid.len() == 36 && thread.bytes().all(|b| b.is_ascii_digit()) && !thread.is_empty()
         })
+    }
+}
+
+/// `{TAG}` or `{TAG}:KEY`: what follows a namespace to make a key in
+/// `key`'s cluster slot that no other lock key maps to.
+fn beside(key: &str) -> String {
+    let tag = cluster_tag(key);
+    if tag == key {
+        format!("{{{tag}}}")
+    } else {
+        format!("{{{tag}}}:{key}")
+    }
+}
+
+fn aux_refused(key: &str) -> LockError {
+    LockError::InvalidName {
+        reason: format!(
+            "{key:?} begins with {AUX:?}, the namespace polylock keeps its fencing counters, \
+             bookkeeping and channels in"
+        ),
     }
 }
 
@@ -328,6 +385,10 @@ mod tests {
         assert!(matches!(e, Err(LockError::InvalidName { .. })), "{e:?}");
         let p = layout(Format::Plain, false, "__polylock__:");
         assert!(p.keys(&LockName::new("job").unwrap()).is_err());
+        // Nor as a Redisson lock, whose bookkeeping lives there too.
+        let r = layout(Format::Redisson, false, "");
+        let e = r.keys(&LockName::new("__polylock__:redisson:{job}").unwrap());
+        assert!(matches!(e, Err(LockError::InvalidName { .. })), "{e:?}");
     }
 
     #[test]
@@ -347,6 +408,7 @@ mod tests {
         assert_eq!(k.lock, "orders");
         assert_eq!(k.fence, "redisson_lock_token:{orders}");
         assert_eq!(k.channel, "redisson_lock__channel:{orders}");
+        assert_eq!(k.bookkeeping, "__polylock__:redisson:{orders}");
         // Braces are fine on a single server, refused on a cluster.
         assert!(l.keys(&LockName::new("a{b}c").unwrap()).is_ok());
         let c = layout(Format::Redisson, true, "");
@@ -355,6 +417,72 @@ mod tests {
             c.keys(&LockName::new("a{b}c").unwrap()),
             Err(LockError::InvalidName { .. })
         ));
+    }
+
+    #[test]
+    fn names_come_back_from_their_bookkeeping_keys() {
+        let long = format!("{{x}}{}", "}{".repeat(50));
+        let names = [
+            "job",
+            "a{b}c",
+            "}{",
+            "{",
+            "}",
+            "{}",
+            "{}x",
+            "a}b{",
+            "a:b",
+            "{u}:{u}",
+            "ключ🔒",
+            "b x",
+            "c/d",
+            long.as_str(),
+        ];
+        for (format, prefix) in [
+            (Format::Plain, ""),
+            (Format::Plain, "app:"),
+            (Format::Plain, "{p}"),
+            (Format::Redisson, ""),
+        ] {
+            let l = layout(format, false, prefix);
+            for n in names {
+                let name = LockName::new(n).unwrap();
+                let k = l.keys(&name).unwrap();
+                assert_eq!(
+                    l.name_of_bookkeeping(&k.bookkeeping),
+                    Some(name),
+                    "{format:?} {prefix:?} {n:?}"
+                );
+                let pattern = l.bookkeeping_pattern();
+                assert!(k.bookkeeping.starts_with(pattern.trim_end_matches('*')));
+            }
+        }
+        let plain = layout(Format::Plain, false, "");
+        let redisson = layout(Format::Redisson, false, "");
+        let other = layout(Format::Plain, false, "app:");
+        let job = LockName::new("job").unwrap();
+        // Each layout knows only its own keys.
+        assert_eq!(
+            redisson.name_of_bookkeeping(&plain.keys(&job).unwrap().bookkeeping),
+            None
+        );
+        assert_eq!(
+            plain.name_of_bookkeeping(&redisson.keys(&job).unwrap().bookkeeping),
+            None
+        );
+        assert_eq!(
+            other.name_of_bookkeeping(&plain.keys(&job).unwrap().bookkeeping),
+            None
+        );
+        for junk in [
+            "__polylock__:{",
+            "__polylock__:{a}b",
+            "__polylock__:{a}:b",
+            "x",
+            "__polylock__:released:{a}",
+        ] {
+            assert_eq!(plain.name_of_bookkeeping(junk), None, "{junk}");
+        }
     }
 
     #[test]

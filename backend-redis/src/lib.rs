@@ -23,8 +23,9 @@
 //!   node-redlock (`acquire([NAME])`) and `SET NAME token NX PX` scripts
 //!   use. Beside it, in the `__polylock__:` namespace that no lock key may
 //!   enter: a hash `__polylock__:{TAG}[:KEY]` with fields `fence` (the
-//!   fencing counter) and `owner` (the token of the last polylock grant),
-//!   and the release channel `__polylock__:released:{TAG}[:KEY]`. `TAG`
+//!   fencing counter), `owner` (the token of the last polylock grant) and,
+//!   when the holder gave one, `meta` (its [`HolderMeta`](lock_core::HolderMeta)
+//!   line), and the release channel `__polylock__:released:{TAG}[:KEY]`. `TAG`
 //!   hashes to the lock key's Redis Cluster slot: the name's own `{tag}`,
 //!   else the key itself, else (a key like `a}b{` that cannot sit between
 //!   braces) a short tag found once per slot by CRC16 and cached.
@@ -54,15 +55,40 @@
 //!   when the holder's TTL runs out, and on a jittered fallback poll.
 //!   A cancelled waiter gives up its subscription.
 //! - **Foreign holders** publish nothing. At connect the client reads the
-//!   server's `notify-keyspace-events` and logs which wake-up is in effect
-//!   ([`RedisBackend::foreign_wake`], [`ForeignWake`]): with keyspace
+//!   server's `notify-keyspace-events` (on a cluster: every master's) and
+//!   logs which wake-up is in effect ([`RedisBackend::foreign_wake`],
+//!   [`ForeignWake`], and in words `LockBackend::wake_mode`): with keyspace
 //!   events (`K` with `g` or `A`) waiters also subscribe to the lock key's
 //!   `__keyspace@DB__:KEY` channel and wake on its `del`/`expired` event;
-//!   without them (or on a cluster, where those events stay on the key's
-//!   node) waiters poll every 10–100 ms (jittered). `inspect` (and so
-//!   `polylock status`) shows a foreign holder as such: the start of its
-//!   value, its PTTL, and the wake-up mode. The `redisson` format wakes on
-//!   Redisson's own unlock message.
+//!   without them waiters poll every 10–100 ms (jittered). On a cluster a
+//!   node publishes only its own keys' events, so each waiter subscribes
+//!   on the node that owns the key's slot, found by asking nodes directly
+//!   and following `MOVED`, confirmed again after subscribing, and checked
+//!   every second: when the slot moves (resharding, failover), the node
+//!   stops answering or its pub/sub connection drops, the waiter polls
+//!   (10–100 ms) until it is subscribed on the new owner
+//!   (`tests/cluster.rs`). `inspect` (and so `polylock status`) shows a
+//!   foreign holder as such: the start of its value, its PTTL, and the
+//!   wake-up mode. The `redisson` format wakes on Redisson's own unlock
+//!   message.
+//! - **Holder metadata** ([`AcquireRequest::meta`](lock_core::AcquireRequest)):
+//!   written by the grant script into polylock's bookkeeping hash (`plain`:
+//!   the hash above; `redisson`: `__polylock__:redisson:{TAG}[:NAME]`
+//!   beside Redisson's keys, with the holder's field in `owner`), never
+//!   into the lock's own value or hash, which foreign clients compare. A
+//!   grant without metadata removes the previous holder's; `inspect` and
+//!   `list` return it only while the bookkeeping's owner is the live
+//!   holder. Redlock keeps it on each node and shows what a majority of the
+//!   holder's nodes agree on.
+//! - **`list`** `SCAN`s the bookkeeping hashes (on every master of a
+//!   cluster), recovers each exact name from its key, and keeps the locks
+//!   held by the owner the bookkeeping records (polylock's own, live; a
+//!   foreign holder of the same key is not listed), in name order.
+//!   **`waiters`** is `PUBSUB NUMSUB` of the lock's release channel
+//!   (summed over a cluster's nodes): the clients waiting with polylock (a
+//!   client's tasks share one connection and count once) and, in the
+//!   `redisson` format, Redisson's own waiters; foreign `plain` clients
+//!   poll and are not seen.
 //! - **Cluster**: the lock key, its counter and its channel share a slot,
 //!   so each script touches one slot.
 //!
@@ -125,6 +151,7 @@ mod config;
 mod conn;
 mod errors;
 mod format;
+mod nodes;
 mod redlock;
 mod wait;
 

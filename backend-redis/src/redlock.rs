@@ -146,6 +146,9 @@ pub(crate) fn guarantees() -> Guarantees {
     g.min_ttl = REDLOCK_MIN_TTL;
     g.ttl_granularity = Duration::from_millis(1);
     g.force_release = true;
+    // Written by each node's grant beside the lock; `inspect` shows the
+    // description a majority of the holder's nodes keep.
+    g.holder_meta = true;
     g
 }
 
@@ -469,7 +472,16 @@ impl RedlockBackend {
         let owner = attempt_value(req.owner);
         let scripts = self.inner.layout.scripts();
         let mut inv = scripts.acquire.prepare_invoke();
-        inv.key(&keys.lock).key(&keys.fence).arg(&owner).arg(ttl_ms);
+        let meta = req
+            .meta
+            .as_ref()
+            .map(lock_core::HolderMeta::encode)
+            .unwrap_or_default();
+        inv.key(&keys.lock)
+            .key(&keys.fence)
+            .arg(&owner)
+            .arg(ttl_ms)
+            .arg(&meta);
         let policy = ClockPolicy {
             drift: req.clock.drift.max(self.inner.config.drift_factor),
             margin: req.clock.margin.max(self.inner.config.drift),
@@ -760,7 +772,13 @@ impl LockBackend for RedlockBackend {
         let keys = self.keys(name)?;
         let mut inv = self.inner.layout.scripts().inspect.prepare_invoke();
         inv.key(&keys.lock).key(&keys.fence);
-        type Row = (Option<String>, i64, Option<u64>, Option<String>);
+        type Row = (
+            Option<String>,
+            i64,
+            Option<u64>,
+            Option<String>,
+            Option<String>,
+        );
         let replies = self.on_all::<Row>(&inv).await;
         let mut tally = Tally::new(&self.inner.nodes);
         let mut rows = Vec::new();
@@ -804,7 +822,19 @@ impl LockBackend for RedlockBackend {
                 .filter_map(|r| r.2)
                 .max()
                 .and_then(FencingToken::new);
-            HolderInfo::new(value, fence, expires_in)
+            // The description a majority of nodes keep beside this holding.
+            let ours: Vec<_> = mine
+                .iter()
+                .filter(|r| r.3.as_deref() == Some(value.as_str()))
+                .collect();
+            let meta = ours
+                .iter()
+                .filter_map(|r| r.4.as_deref())
+                .find(|m| {
+                    ours.iter().filter(|r| r.4.as_deref() == Some(*m)).count() >= self.quorum()
+                })
+                .and_then(lock_core::HolderMeta::decode);
+            HolderInfo::new(value, fence, expires_in).with_meta(meta)
         } else {
             HolderInfo::new(foreign_value(&value), None, expires_in)
         }))

@@ -40,7 +40,9 @@ const HEALTH_CHECK: Duration = Duration::from_secs(5);
 const RECONNECT_MIN: Duration = Duration::from_millis(50);
 const RECONNECT_MAX: Duration = Duration::from_secs(2);
 
-/// The pub/sub side of one client.
+/// The pub/sub side of one client (or, on a cluster, of one node). Clones
+/// share the connection.
+#[derive(Clone)]
 pub(crate) struct Subscriber {
     shared: Arc<Shared>,
 }
@@ -58,6 +60,9 @@ struct State {
     /// Waiters per channel.
     channels: HashMap<String, Channel>,
     actor: Option<mpsc::UnboundedSender<Cmd>>,
+    /// Whether a subscribed connection is up now; false from the moment it
+    /// is lost until a new one has subscribed every channel again.
+    connected: bool,
 }
 
 struct Channel {
@@ -121,6 +126,14 @@ impl Subscription {
         n.as_mut().enable();
         n
     }
+
+    /// [`arm`](Self::arm), owning what it waits on, so the subscription
+    /// may be replaced while the wake-up is pending.
+    pub(crate) fn arm_owned(&self) -> Pin<Box<tokio::sync::futures::OwnedNotified>> {
+        let mut n = Box::pin(Arc::clone(&self.notify).notified_owned());
+        n.as_mut().enable();
+        n
+    }
 }
 
 impl Drop for Subscription {
@@ -144,6 +157,13 @@ impl Drop for Subscription {
 }
 
 impl Subscriber {
+    /// Whether the pub/sub connection is up with every channel subscribed
+    /// (as far as this client knows: a connection that silently stopped is
+    /// found by the next health check).
+    pub(crate) fn is_connected(&self) -> bool {
+        self.shared.state().connected
+    }
+
     pub(crate) fn new(clients: Vec<Client>, timeout: Duration) -> Self {
         Subscriber {
             shared: Arc::new(Shared {
@@ -252,6 +272,7 @@ async fn actor(shared: Weak<Shared>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
                         let ok = subscribe_all(&shared, &mut l, wanted).await;
                         if ok {
                             live = Some(l);
+                            shared.state().connected = true;
                             backoff = RECONNECT_MIN;
                             // A release may have happened while we were away.
                             shared.wake_all();
@@ -287,6 +308,7 @@ async fn actor(shared: Weak<Shared>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
 /// published while it was failing may never arrive.
 fn lost(shared: &Shared, live: &mut Option<Live>) {
     *live = None;
+    shared.state().connected = false;
     shared.wake_all();
 }
 
@@ -311,6 +333,7 @@ async fn sync(
         let ok = subscribe_all(shared, &mut l, shared.all_wanted()).await;
         if ok {
             *live = Some(l);
+            shared.state().connected = true;
             shared.wake_all();
         }
         return ok;
@@ -366,15 +389,17 @@ async fn open(shared: &Shared, next_server: &mut usize) -> Option<Live> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ForeignWake {
-    /// The server sends keyspace notifications for generic commands
-    /// (`notify-keyspace-events` contains `K` and `g` or `A`): waiters also
-    /// subscribe to the lock key's `__keyspace@DB__:KEY` channel, so a
-    /// foreign `DEL` (and, with `x`, an expiry) wakes them at once.
+    /// The server (on a cluster: every master) sends keyspace
+    /// notifications for generic commands (`notify-keyspace-events`
+    /// contains `K` and `g` or `A`): waiters also subscribe to the lock
+    /// key's `__keyspace@DB__:KEY` channel — on a cluster on the node that
+    /// owns the key's slot, followed when the slot moves, polling while the
+    /// owner is unsure — so a foreign `DEL` (and, with `x`, an expiry)
+    /// wakes them at once.
     KeyspaceEvents,
-    /// No keyspace notifications (or a cluster, whose notifications stay
-    /// on the node that owns the key): waiters find a foreign release by
-    /// polling with jittered backoff (10–100 ms) and wake at the holder's
-    /// remaining TTL.
+    /// No keyspace notifications (on a cluster: not on every master):
+    /// waiters find a foreign release by polling with jittered backoff
+    /// (10–100 ms) and wake at the holder's remaining TTL.
     Polling,
     /// `redisson` format: foreign Redisson clients publish their unlock
     /// message on the lock's channel, which wakes waiters at once.
@@ -382,24 +407,50 @@ pub enum ForeignWake {
 }
 
 impl ForeignWake {
-    /// Decides the mode for a freshly connected client. `CONFIG GET` may be
-    /// refused (managed services rename or forbid it): then polling.
-    pub(crate) async fn detect(cfg: &crate::config::RedisConfig, link: &crate::conn::Link) -> Self {
+    /// Decides the mode for a freshly connected client: the server's
+    /// `notify-keyspace-events`, or on a cluster every master's (events stay
+    /// on the node that owns the key, so one master without them means
+    /// polling for its keys). `CONFIG GET` may be refused (managed services
+    /// rename or forbid it): then polling.
+    pub(crate) async fn detect(
+        cfg: &crate::config::RedisConfig,
+        link: &crate::conn::Link,
+        nodes: Option<&crate::nodes::Nodes>,
+    ) -> Self {
         if cfg.format() == crate::config::Format::Redisson {
             return ForeignWake::RedissonMessage;
         }
-        if cfg.is_cluster() {
-            return ForeignWake::Polling;
-        }
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("GET").arg("notify-keyspace-events");
-        match link
-            .command::<HashMap<String, String>>(&cmd, Duration::ZERO)
-            .await
-        {
-            Ok(v) => Self::from_flags(v.get("notify-keyspace-events").map_or("", |s| s.as_str())),
-            Err(_) => ForeignWake::Polling,
+        let flags = |v: &HashMap<String, String>| {
+            Self::from_flags(v.get("notify-keyspace-events").map_or("", |s| s.as_str()))
+        };
+        let Some(nodes) = nodes else {
+            return match link
+                .command::<HashMap<String, String>>(&cmd, Duration::ZERO)
+                .await
+            {
+                Ok(v) => flags(&v),
+                Err(_) => ForeignWake::Polling,
+            };
+        };
+        let Ok(members) = nodes.members(link).await else {
+            return ForeignWake::Polling;
+        };
+        let masters: Vec<_> = members.iter().filter(|m| m.master).collect();
+        if masters.is_empty() {
+            return ForeignWake::Polling;
         }
+        for m in masters {
+            let Ok(node) = nodes.node(&m.addr) else {
+                return ForeignWake::Polling;
+            };
+            match node.command::<HashMap<String, String>>(&cmd).await {
+                Ok(v) if flags(&v) == ForeignWake::KeyspaceEvents => {}
+                _ => return ForeignWake::Polling,
+            }
+        }
+        ForeignWake::KeyspaceEvents
     }
 
     /// The mode for a `notify-keyspace-events` value.
@@ -415,10 +466,10 @@ impl ForeignWake {
     pub fn describe(self) -> &'static str {
         match self {
             ForeignWake::KeyspaceEvents => {
-                "waiters wake on the key's keyspace events (del/expired) when a foreign client releases"
+                "waiters wake on the key's keyspace notifications (del/expired) when a foreign client releases"
             }
             ForeignWake::Polling => {
-                "no keyspace events from this server, so waiters find a foreign client's release by polling (10-100 ms) or at its TTL"
+                "no keyspace notifications (on every master, for a cluster), so waiters find a foreign client's release by polling (10-100 ms) or at its TTL"
             }
             ForeignWake::RedissonMessage => {
                 "waiters wake on Redisson's unlock message when a foreign Redisson client releases"
@@ -437,22 +488,46 @@ impl std::fmt::Display for ForeignWake {
     }
 }
 
+/// How often a waiter polls while it cannot be sure a foreign release
+/// reaches it (the slot's owner is being looked for), at random in this
+/// range so waiters do not poll in step.
+const UNSURE_POLL_MS: std::ops::RangeInclusive<u64> = 10..=100;
+
 /// A wake-up future for `acquire_loop`: the next message on any of the
-/// waiter's channels, or the moment the current holder's lease runs out on
-/// the server (`expiry`, learned from the failed attempt), whichever comes
-/// first. An expiring lease publishes nothing, so without this a waiter
-/// would find out only at its next fallback poll.
+/// waiter's channels (and, on a cluster, on the key's keyspace channel at
+/// the slot owner, or a change of the follower's mind), or the moment the
+/// current holder's lease runs out on the server (`expiry`, learned from
+/// the failed attempt), whichever comes first; while the follower is not
+/// sure events reach the waiter, also a short jittered poll. An expiring
+/// lease publishes nothing, so without the expiry a waiter would find out
+/// only at its next fallback poll.
 pub(crate) fn wake_up<'a>(
     subs: &'a [Subscription],
+    follower: Option<&'a crate::nodes::Follower>,
     expiry: &'a Mutex<Option<Instant>>,
-) -> impl Future<Output = ()> + 'a {
+) -> impl Future<Output = ()> + Send + 'a {
     // Registered now, before the attempt it guards.
-    let messages: Vec<_> = subs.iter().map(Subscription::arm).collect();
+    let mut messages: Vec<Pin<Box<dyn Future<Output = ()> + Send + 'a>>> = subs
+        .iter()
+        .map(|s| Box::pin(s.arm()) as Pin<Box<dyn Future<Output = ()> + Send + 'a>>)
+        .collect();
+    let mut poll = None;
+    if let Some(f) = follower {
+        let armed = f.arm();
+        messages.push(Box::pin(armed.changed));
+        if let Some(k) = armed.keyspace {
+            messages.push(Box::pin(k));
+        }
+        if !armed.sure {
+            let ms = rand::Rng::random_range(&mut rand::rng(), UNSURE_POLL_MS);
+            poll = Some(Instant::now() + Duration::from_millis(ms));
+        }
+    }
     async move {
         let message = futures::future::select_all(messages);
         // Read after the attempt, which recorded when the holder expires.
         let at = *expiry.lock().unwrap_or_else(|p| p.into_inner());
-        match at {
+        match [at, poll].into_iter().flatten().min() {
             Some(at) => {
                 tokio::select! {
                     _ = message => {}

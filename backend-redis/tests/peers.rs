@@ -367,7 +367,7 @@ async fn interop(
 }
 
 /// One client against a single server with keyspace notifications, one
-/// without, and a three-master cluster.
+/// without, and a three-master cluster without and with them.
 async fn every_deployment(kind: Kind) {
     let label = kind.label();
     let report = |deployment: &str, wake: ForeignWake, h: &Handoffs| {
@@ -397,10 +397,25 @@ async fn every_deployment(kind: Kind) {
 
     let cluster = RedisCluster::start(3).expect("cluster");
     let ours = backend(&format!("redis+cluster://{}", cluster.seed_nodes())).await;
+    assert_eq!(ours.foreign_wake(), ForeignWake::Polling);
     let port = cluster.servers()[0].port();
     let h = interop(kind, &ours, "127.0.0.1", port, true).await;
-    report("cluster", ours.foreign_wake(), &h);
+    report("cluster, polling", ours.foreign_wake(), &h);
     assert!(h.to_polylock < Duration::from_secs(2), "{label}: {h:?}");
+    drop(cluster);
+
+    // Keyspace events on every node: the waiter listens on the node that
+    // owns the key's slot.
+    let cluster = RedisCluster::start(3).expect("cluster");
+    common::keyspace_events_on(&cluster).await;
+    let ours = backend(&format!("redis+cluster://{}", cluster.seed_nodes())).await;
+    assert_eq!(ours.foreign_wake(), ForeignWake::KeyspaceEvents);
+    let port = cluster.servers()[0].port();
+    let h = interop(kind, &ours, "127.0.0.1", port, true).await;
+    report("cluster, keyspace", ours.foreign_wake(), &h);
+    // Woken by the key's `del` event on its node: the waiter's fallback
+    // poll has backed off to 250-500 ms by the release.
+    assert!(h.to_polylock < Duration::from_millis(200), "{label}: {h:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

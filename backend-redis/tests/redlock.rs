@@ -716,3 +716,55 @@ async fn an_earlier_attempts_leftover_is_not_counted_as_a_grant() {
         );
     }
 }
+
+/// Holder metadata on Redlock: each node's grant keeps it beside the lock,
+/// and `inspect` shows it only while a majority of the holder's nodes agree
+/// on it (a minority that lost or changed it does not decide).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_meta_needs_a_majority() {
+    let servers = five();
+    let ours = client(&servers).await;
+    let n = name("redlock/meta");
+    let meta = lock_core::HolderMeta::of_this_process("nightly");
+    let lease = ours
+        .try_acquire(&req(&n, Duration::from_secs(30)).with_meta(meta.clone()))
+        .await
+        .unwrap()
+        .expect("free");
+    assert_eq!(
+        ours.inspect(&n).await.unwrap().unwrap().meta,
+        Some(meta.clone())
+    );
+    let hash = ours.keys(&n).unwrap().bookkeeping;
+    let erase = |i: usize| {
+        let url = servers[i].url();
+        let hash = hash.clone();
+        async move {
+            let mut c = redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            let _: i64 = redis::cmd("HDEL")
+                .arg(&hash)
+                .arg("meta")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+    };
+    erase(0).await;
+    erase(1).await;
+    assert_eq!(
+        ours.inspect(&n).await.unwrap().unwrap().meta,
+        Some(meta),
+        "three of five nodes still agree"
+    );
+    erase(2).await;
+    assert_eq!(
+        ours.inspect(&n).await.unwrap().unwrap().meta,
+        None,
+        "two of five nodes are no majority"
+    );
+    ours.release(&lease).await.unwrap();
+}

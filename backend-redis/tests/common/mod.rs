@@ -178,3 +178,55 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Turns keyspace notifications for generic commands and expiries on, on
+/// every member of `cluster` (each node publishes only its own keys'
+/// events).
+pub async fn keyspace_events_on(cluster: &testkit::RedisCluster) {
+    for s in cluster.servers() {
+        let mut c = raw(&s.url()).await;
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg("Kgx")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+}
+
+/// A foreign cluster client (no lock layer), following MOVED by itself.
+pub async fn raw_cluster(
+    cluster: &testkit::RedisCluster,
+) -> redis::cluster_async::ClusterConnection {
+    let nodes: Vec<String> = cluster.servers().iter().map(|s| s.url()).collect();
+    redis::cluster::ClusterClient::new(nodes)
+        .expect("cluster client")
+        .get_async_connection()
+        .await
+        .expect("cluster connection")
+}
+
+/// The classic hand-rolled release: delete the key only if it still holds
+/// `token`; whether it did.
+pub async fn compare_and_delete<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    token: &str,
+) -> bool {
+    let n: i64 = redis::Script::new(
+        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
+    )
+    .key(key)
+    .arg(token)
+    .invoke_async(conn)
+    .await
+    .unwrap();
+    n == 1
+}
+
+/// The median of `v` (sorted in place).
+pub fn median(v: &mut [Duration]) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}

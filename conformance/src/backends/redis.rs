@@ -65,8 +65,29 @@ fn single(query: &str) -> Result<Arc<dyn Fixture>, String> {
     }))
 }
 
-fn cluster(query: &str) -> Result<Arc<dyn Fixture>, String> {
+fn cluster(query: &str, keyspace_events: bool) -> Result<Arc<dyn Fixture>, String> {
     let cluster = RedisCluster::start(3).map_err(|e| e.to_string())?;
+    if keyspace_events {
+        // Each node publishes its own keys' events only: all of them, so
+        // waiters follow the slot owner's keyspace channel.
+        for s in cluster.servers() {
+            let port = s.port().to_string();
+            let out = std::process::Command::new("redis-cli")
+                .args([
+                    "-p",
+                    &port,
+                    "CONFIG",
+                    "SET",
+                    "notify-keyspace-events",
+                    "Kgx",
+                ])
+                .output()
+                .map_err(|e| format!("redis-cli CONFIG SET: {e}"))?;
+            if !String::from_utf8_lossy(&out.stdout).contains("OK") {
+                return Err(format!("redis-cli CONFIG SET on {port}: {out:?}"));
+            }
+        }
+    }
     Ok(Arc::new(RedisFixture {
         url: format!("redis+cluster://{}{query}", cluster.seed_nodes()),
         servers: cluster.into_servers(),
@@ -93,12 +114,15 @@ pub(super) fn redisson() -> Registration {
     }
 }
 
-/// `redis-cluster-plain`: a three-master cluster, plain format.
+/// `redis-cluster-plain`: a three-master cluster with keyspace
+/// notifications on every node, plain format: waiters subscribe on the
+/// owner of each key's slot (the cluster without them is
+/// `backend-redis/tests/peers.rs`'s).
 pub(super) fn cluster_plain() -> Registration {
     Registration {
         label: "redis-cluster-plain",
         guarantees: || backend_redis::guarantees(Algorithm::SingleInstance),
-        setup: || cluster(""),
+        setup: || cluster("", true),
     }
 }
 
@@ -107,7 +131,7 @@ pub(super) fn cluster_redisson() -> Registration {
     Registration {
         label: "redis-cluster-redisson",
         guarantees: || backend_redis::guarantees(Algorithm::SingleInstance),
-        setup: || cluster("?format=redisson"),
+        setup: || cluster("?format=redisson", false),
     }
 }
 
