@@ -24,15 +24,27 @@ pub(crate) async fn renew_extends_past_the_original_ttl(ctx: &Ctx<'_>) {
         lease.fence(),
         "renew changed the fencing token"
     );
-    // Past the original TTL, but well within the renewed one.
+    // Past the original TTL, but well within the renewed one. A check that
+    // a loaded machine delays past the renewed deadline proves nothing, so
+    // the probe is judged by when it was sent and the inspect by when it
+    // was answered.
     sleep_until(original_end + ttl / 5).await;
-    assert!(
-        raw_try(&other, &name, ttl).await.is_none(),
-        "the lock expired at its original TTL despite the renew"
-    );
-    let info = other.inspect(&name).await.expect("inspect").expect("held");
-    if let Some(f) = info.fence {
-        assert_eq!(f, lease.fence());
+    if let Some(taken) = raw_try(&other, &name, ttl).await {
+        assert!(
+            taken.sent_at() >= renewed.deadline(),
+            "the lock expired at its original TTL despite the renew"
+        );
+        other.release(&taken).await.expect("release");
+        return;
+    }
+    let info = other.inspect(&name).await.expect("inspect");
+    // Answered before the renewed deadline, so read on the server before
+    // the renewed lease could have expired there.
+    if Instant::now() < renewed.deadline() {
+        let info = info.expect("held within the renewed TTL");
+        if let Some(f) = info.fence {
+            assert_eq!(f, lease.fence(), "the holder's fence after a renew");
+        }
     }
     holder.release(&renewed).await.expect("release");
 }
