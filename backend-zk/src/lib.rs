@@ -52,6 +52,7 @@
 
 mod backend;
 mod config;
+mod data;
 mod errors;
 mod fence;
 mod path;
