@@ -4,8 +4,9 @@
 //! Lock `NAME` is the key prefix `{prefix}NAME/`. A client's claim is the
 //! key `{prefix}NAME/{lease id as lowercase hex}`, created only if absent
 //! and attached to the client's session lease; its value is the owner
-//! token (Go's Mutex writes an empty value; nobody reads it but polylock,
-//! which compares it on release). The claim with the lowest create
+//! token, and the holder's description when one was given (see
+//! [`crate::value`]; Go's Mutex writes an empty value and nobody reads it
+//! but polylock, which compares the owner on release). The claim with the lowest create
 //! revision holds the lock; the others queue in create-revision order,
 //! which is arrival order, so the queue is FIFO.
 //!
@@ -202,7 +203,7 @@ pub(crate) struct Created {
     pub(crate) first: bool,
 }
 
-/// Creates the claim `key` (value `owner`, attached to `lease`) only if
+/// Creates the claim `key` (`value`, see [`crate::value`], attached to `lease`) only if
 /// absent, counting the keys of the claim range in the same transaction.
 /// Alone there, the claim holds the lock; otherwise one more read finds the
 /// holder.
@@ -218,7 +219,7 @@ pub(crate) async fn create(
     conn: &Conn,
     lock_prefix: &str,
     key: &str,
-    owner: &str,
+    value: &str,
     lease: i64,
 ) -> Result<Created, LockError> {
     let what = "creating the lock key";
@@ -229,7 +230,7 @@ pub(crate) async fn create(
         .and_then(vec![
             TxnOp::put(
                 key,
-                owner,
+                value,
                 Some(etcd_client::PutOptions::new().with_lease(lease)),
             ),
             TxnOp::get(start, Some(count)),
@@ -251,7 +252,7 @@ pub(crate) async fn create(
         // another process using our lease id, which cannot happen.
         match ops.first() {
             Some(TxnOpResponse::Get(g)) => match g.kvs().first() {
-                Some(kv) if kv.value() == owner.as_bytes() => (kv.create_revision(), false),
+                Some(kv) if kv.value() == value.as_bytes() => (kv.create_revision(), false),
                 Some(_) => {
                     return Err(unexpected(
                         what,

@@ -832,9 +832,9 @@ impl LockBackend for ZkBackend {
         }
     }
 
-    /// The first node in line: its data as the owner (see
-    /// [`crate::data`]), its czxid as the fence, the holder's description
-    /// when polylock stored one.
+    /// The first node in line: its owner token (or, for a Curator holder,
+    /// its data as it is), its czxid as the fence, the holder's description
+    /// when polylock stored one (see the crate docs).
     ///
     /// # Cancel safety
     /// Cancel safe: read only.

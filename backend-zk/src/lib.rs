@@ -34,6 +34,14 @@
 //!   increasing from one holder to the next (not the 32-bit sequence).
 //!   [`fenced_set_data`] writes data kept in ZooKeeper in one multi-op that
 //!   checks the lock node first.
+//! - **Who holds.** A node's data is the owner token, followed by the
+//!   holder's [`HolderMeta`](lock_core::HolderMeta) line when the lock was
+//!   taken with one (Curator writes the client's address there and reads
+//!   no node's data). `inspect` and `list` return it. `list` walks the
+//!   directories under the prefix root one depth at a time and maps each
+//!   path back to its name exactly (a directory no name maps to is not a
+//!   lock); locks whose first node polylock did not write (Curator's) are
+//!   left out. `waiters` counts a directory's lock nodes but the first.
 //! - **Sessions and TTL.** One session per TTL asked for; the session
 //!   timeout the server negotiated is the lease's TTL. A lease not renewed
 //!   within its TTL is deleted by the client at `sent_at + ttl`. When the
