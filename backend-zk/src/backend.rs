@@ -6,13 +6,15 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
+use futures::FutureExt;
 use lock_core::{
     AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Lease,
     LockBackend, LockError, LockName, OwnerToken, WaitMechanism,
 };
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
-use zookeeper_client::{CreateMode, Error, Stat};
+use zookeeper_client::{CreateMode, Error, EventType, Stat, WatchedEvent};
 
 use crate::config::ZkConfig;
 use crate::data::{node_data, parse_node_data};
@@ -135,13 +137,24 @@ enum Gone {
     Expired { pzxid: Option<i64> },
 }
 
+/// What ended a wait in the queue.
+enum Woke {
+    /// Our own node's watch fired.
+    Own,
+    /// The predecessor's watch fired with this event.
+    Pred(EventType),
+    /// A recheck, the session's end or the wait's.
+    Other,
+}
+
 /// Where a contender stands in the queue.
 enum Standing {
     /// First in line: the list request that showed it was sent at this
     /// instant, while the session was alive.
     First(Instant),
-    /// Behind this node (its name in the directory).
-    Behind(String),
+    /// Behind this node (its name in the directory); `true` when that
+    /// node was first in line, i.e. ours was second.
+    Behind(String, bool),
     /// Our node is no longer there.
     Vanished,
 }
@@ -492,7 +505,7 @@ impl ZkBackend {
         match q.iter().position(|(_, c)| c == node) {
             None => Ok(Standing::Vanished),
             Some(0) => Ok(Standing::First(sent)),
-            Some(i) => Ok(Standing::Behind(q[i - 1].1.clone())),
+            Some(i) => Ok(Standing::Behind(q[i - 1].1.clone(), i == 1)),
         }
     }
 
@@ -533,6 +546,25 @@ impl ZkBackend {
 
     /// One pass through the queue: create, then wait (up to `req.wait`)
     /// for the predecessors to go.
+    ///
+    /// # Hand-off without a second listing
+    /// A waiter woken by its predecessor's deletion lists the directory
+    /// again, to check every lower node is gone, except when the listing
+    /// that found the predecessor showed it first in line: a node created
+    /// after that listing has a higher sequence than ours, so with the
+    /// first one deleted no lower node is left, and ours is first. Two
+    /// more things the listing would have shown are checked without it:
+    /// - our node is still there: a watch on it, registered with the
+    ///   predecessor's (one more request in the same round trip), would
+    ///   have fired first, as ZooKeeper delivers a session's events in
+    ///   order and the client hands them out in that order (the select
+    ///   below looks at it first);
+    /// - the session is alive: the event came on it, and the lease is
+    ///   dated from when the watch request was sent (the server heard the
+    ///   session then), which must leave three quarters of the TTL.
+    ///
+    /// A node a foreign client creates with a hand-picked sequence lower
+    /// than ours is outside the protocol and is not looked for.
     async fn contend(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         let wait_until = req.wait_deadline();
         let dir = self.lock_path(&req.name);
@@ -542,6 +574,9 @@ impl ZkBackend {
             let (path, stat) = self.enter(&s, &dir, &data).await?;
             let node = path.rsplit('/').next().unwrap_or_default().to_string();
             let mut ours = NodeGuard::new(&s, &path);
+            // Fires when our own node changes (it is only ever deleted) or
+            // the connection's state does.
+            let mut own: Option<BoxFuture<'static, WatchedEvent>> = None;
             loop {
                 if s.ended.is_cancelled() {
                     break;
@@ -554,24 +589,64 @@ impl ZkBackend {
                         ours.disarm();
                         return self.grant(req, &s, path, &stat, sent).map(Some);
                     }
-                    Standing::Behind(pred) => {
+                    Standing::Behind(pred, pred_is_first) => {
                         if Instant::now() >= wait_until {
                             ours.delete_now(self.op()).await;
                             return Ok(None);
                         }
                         let pred = format!("{dir}/{pred}");
+                        let watch_own = own.is_none() && pred_is_first;
+                        let watch_sent = Instant::now();
+                        let (watched, own_watched) = tokio::join!(
+                            timed("watch", self.op(), s.client.check_and_watch_stat(&pred)),
+                            async {
+                                if !watch_own {
+                                    return None;
+                                }
+                                Some(
+                                    timed("watch", self.op(), s.client.check_and_watch_stat(&path))
+                                        .await,
+                                )
+                            }
+                        );
+                        match own_watched {
+                            // Our node is gone: enter again.
+                            Some(Ok(Ok((None, _)))) => break,
+                            Some(Ok(Ok((Some(_), w)))) => own = Some(w.changed().boxed()),
+                            // Only the fast hand-off needs it: without it,
+                            // the next listing checks.
+                            Some(_) | None => {}
+                        }
                         let watched =
-                            timed("watch", self.op(), s.client.check_and_watch_stat(&pred))
-                                .await?
-                                .map_err(|e| from_zk(&format!("watching {pred}"), e))?;
+                            watched?.map_err(|e| from_zk(&format!("watching {pred}"), e))?;
                         let (Some(_), watcher) = watched else {
                             continue;
                         };
-                        tokio::select! {
-                            _ = watcher.changed() => {}
-                            _ = sleep(RECHECK) => {}
-                            _ = s.ended.cancelled() => {}
-                            _ = sleep_until(wait_until) => {}
+                        let woke = tokio::select! {
+                            biased;
+                            _ = async {
+                                match own.as_mut() {
+                                    Some(f) => f.await,
+                                    None => std::future::pending().await,
+                                }
+                            } => Woke::Own,
+                            e = watcher.changed() => Woke::Pred(e.event_type),
+                            _ = sleep(RECHECK) => Woke::Other,
+                            _ = s.ended.cancelled() => Woke::Other,
+                            _ = sleep_until(wait_until) => Woke::Other,
+                        };
+                        match woke {
+                            Woke::Own => own = None,
+                            Woke::Pred(EventType::NodeDeleted)
+                                if pred_is_first
+                                    && own.is_some()
+                                    && watch_sent.elapsed() < s.timeout() / 4
+                                    && !s.ended.is_cancelled() =>
+                            {
+                                ours.disarm();
+                                return self.grant(req, &s, path, &stat, watch_sent).map(Some);
+                            }
+                            Woke::Pred(_) | Woke::Other => {}
                         }
                     }
                 }
