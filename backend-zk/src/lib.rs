@@ -26,7 +26,11 @@
 //!   by finding the node with our uuid (and our session as its owner).
 //! - **Order.** The lowest sequence holds. A waiter watches only the node
 //!   just before its own; when woken it lists the directory again and
-//!   checks every lower node is gone. Waiters are served in the order they
+//!   checks every lower node is gone, except the second in line, woken by
+//!   the holder's deletion: no node created since has a lower sequence, so
+//!   it holds at once (a watch on its own node, sent with the other,
+//!   tells it if its node was deleted meanwhile). That saves the hand-off
+//!   one round trip. Waiters are served in the order they
 //!   queued ([`lock_core::Guarantees::fair_fifo`]). A cancelled waiter's
 //!   node is deleted.
 //! - **Fencing.** The token is the lock node's czxid: the 64-bit zxid of
