@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Client, ConnectOptions};
+use futures::{StreamExt, TryStreamExt};
 use lock_core::{
     AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Lease,
     LockBackend, LockError, LockName, WaitMechanism,
@@ -15,9 +16,10 @@ use tokio::time::{sleep, sleep_until, timeout_at, Instant};
 use crate::config::EtcdConfig;
 use crate::conn::Conn;
 use crate::errors::{from_etcd, is_auth_failure, lease_gone, retryable, timed_out, BACKEND};
-use crate::queue::{self, Released, WatchEnd};
+use crate::queue::{self, Claim, Released, Values, WatchEnd};
 use crate::session::{spawn_cleanup, Cleanup, Closed, Session, SessionInfo, SessionUse};
 use crate::slot::{Slot, Slots};
+use crate::value::{claim_value, parse_claim_value};
 
 /// The smallest lease etcd grants with its default election timing
 /// (`ceil(1.5 * election timeout)` = 2 s); shorter requests are raised.
@@ -259,6 +261,22 @@ impl EtcdBackend {
         &self.inner.conn
     }
 
+    /// The time left of session lease `id`: `Some(None)` for a key on no
+    /// lease, `None` when the lease is gone.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn time_to_live(&self, id: i64) -> Result<Option<Option<Duration>>, LockError> {
+        if id == 0 {
+            return Ok(Some(None));
+        }
+        let r = self.conn().time_to_live(id).await?;
+        // etcd answers -1 for a lease that expired or was revoked.
+        Ok(u64::try_from(r.ttl())
+            .ok()
+            .map(|secs| Some(Duration::from_secs(secs))))
+    }
+
     fn released_log(&self) -> MutexGuard<'_, ReleasedLog> {
         // Critical sections are single set operations.
         self.inner
@@ -327,7 +345,7 @@ impl EtcdBackend {
     ) -> Result<Option<Lease>, LockError> {
         let conn = self.conn();
         let pfx = self.key_prefix(&req.name);
-        let owner = req.owner.to_string();
+        let value = claim_value(req.owner, req.meta.as_ref());
         let mut slot = Some(slot);
         let mut expired_sessions = 0;
         loop {
@@ -337,11 +355,11 @@ impl EtcdBackend {
                 conn: conn.clone(),
                 session: Arc::clone(&session),
                 key: key.clone(),
-                how: Cleanup::Value(owner.clone()),
+                how: Cleanup::Value(value.clone()),
                 slot: slot.take(),
                 armed: true,
             };
-            let created = match queue::create(conn, &pfx, &key, &owner, session.id).await {
+            let created = match queue::create(conn, &pfx, &key, &value, session.id).await {
                 Ok(c) => c,
                 Err(e) if lease_gone(&e) && expired_sessions < 2 => {
                     // The session lease expired in etcd before our keepalive
@@ -447,15 +465,16 @@ impl EtcdBackend {
                     // Nobody ahead. Confirm we are the holder: our claim is
                     // still there, on our session's lease (so that lease is
                     // alive in etcd right now).
-                    let holder = match timeout_at(deadline, queue::holder(conn, pfx)).await {
-                        Err(_) => return Ok(Turn::TimedOut),
-                        Ok(Err(e)) if e.is_retryable() => {
-                            pause_until(RETRY_PAUSE, deadline).await;
-                            continue;
-                        }
-                        Ok(Err(e)) => return Err(e),
-                        Ok(Ok(h)) => h,
-                    };
+                    let holder =
+                        match timeout_at(deadline, queue::holder(conn, pfx, Values::Skip)).await {
+                            Err(_) => return Ok(Turn::TimedOut),
+                            Ok(Err(e)) if e.is_retryable() => {
+                                pause_until(RETRY_PAUSE, deadline).await;
+                                continue;
+                            }
+                            Ok(Err(e)) => return Err(e),
+                            Ok(Ok(h)) => h,
+                        };
                     return Ok(match holder {
                         Some(h)
                             if h.key == key && h.create_rev == my_rev && h.lease == session.id =>
@@ -716,8 +735,7 @@ impl LockBackend for EtcdBackend {
         let pfx = self.key_prefix(lease.name());
         let outcome = {
             let mut attempt = ReleaseAttempt::new(self, key, rev);
-            let outcome =
-                queue::release(self.conn(), &pfx, key, &lease.owner().to_string(), rev).await?;
+            let outcome = queue::release(self.conn(), &pfx, key, lease.owner(), rev).await?;
             attempt.nothing_deleted = outcome != Released::Deleted;
             outcome
         };
@@ -736,24 +754,68 @@ impl LockBackend for EtcdBackend {
 
     /// The lowest claim: `owner` is its key (ending with the holder's lease
     /// id in hex), `fence` its create revision, `expires_in` the time to
-    /// live of its lease.
+    /// live of its lease, `meta` the description polylock stored in its
+    /// value (none for a foreign holder).
     ///
     /// # Cancel safety
     /// Cancel safe: read only.
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
-        let Some(holder) = queue::holder(self.conn(), &self.key_prefix(name)).await? else {
+        let pfx = self.key_prefix(name);
+        let Some(holder) = queue::holder(self.conn(), &pfx, Values::Fetch).await? else {
             return Ok(None);
         };
-        let fence = u64::try_from(holder.create_rev)
-            .ok()
-            .and_then(FencingToken::new);
-        let expires_in = if holder.lease == 0 {
-            None
-        } else {
-            let r = self.conn().time_to_live(holder.lease).await?;
-            Some(Duration::from_secs(u64::try_from(r.ttl()).unwrap_or(0)))
-        };
-        Ok(Some(HolderInfo::new(holder.key, fence, expires_in)))
+        // A lease gone since the read: nothing left to live.
+        let expires_in = self
+            .time_to_live(holder.lease)
+            .await?
+            .unwrap_or(Some(Duration::ZERO));
+        Ok(Some(holder_info(holder, expires_in)))
+    }
+
+    /// One range read (in pages of keys, at one revision) over
+    /// `{prefix}{name prefix}`, grouped by lock name; the holder of each is
+    /// its lowest create revision, listed when polylock wrote its value
+    /// (claims of `etcdctl lock` and Go's Mutex have an empty value, and
+    /// other Go recipes share the layout). Then one time-to-live read per
+    /// distinct session lease.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn list(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<(LockName, HolderInfo)>, LockError> {
+        let limit = lock_core::validate_list(prefix, limit)?;
+        let holders =
+            queue::holders_under(self.conn(), self.inner.config.prefix(), prefix, limit).await?;
+        let mut leases: Vec<i64> = holders.iter().map(|(_, c)| c.lease).collect();
+        leases.sort_unstable();
+        leases.dedup();
+        let ttls: std::collections::HashMap<i64, Option<Duration>> = futures::stream::iter(leases)
+            .map(|id| async move { Ok::<_, LockError>((id, self.time_to_live(id).await?)) })
+            .buffer_unordered(16)
+            .try_filter_map(|(id, ttl)| async move { Ok(ttl.map(|t| (id, t))) })
+            .try_collect()
+            .await?;
+        Ok(holders
+            .into_iter()
+            // A lease that ended since the read took its keys with it.
+            .filter_map(|(name, claim)| {
+                let ttl = *ttls.get(&claim.lease)?;
+                Some((name, holder_info(claim, ttl)))
+            })
+            .collect())
+    }
+
+    /// The claim keys of the name (polylock's and foreign ones) but the
+    /// holder's: the clients queued in etcd, one per client and name.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn waiters(&self, name: &LockName) -> Result<Option<usize>, LockError> {
+        let claims = queue::claim_count(self.conn(), &self.key_prefix(name)).await?;
+        Ok(Some(claims.saturating_sub(1)))
     }
 
     /// Deletes the holder's claim (the lowest), whoever it is; the next in
@@ -764,7 +826,7 @@ impl LockBackend for EtcdBackend {
     async fn force_release(&self, name: &LockName) -> Result<bool, LockError> {
         let pfx = self.key_prefix(name);
         loop {
-            let Some(holder) = queue::holder(self.conn(), &pfx).await? else {
+            let Some(holder) = queue::holder(self.conn(), &pfx, Values::Skip).await? else {
                 return Ok(false);
             };
             let how = Cleanup::Revision(holder.create_rev);
@@ -792,7 +854,19 @@ pub fn guarantees() -> Guarantees {
     g.min_ttl = MIN_TTL;
     g.ttl_granularity = Duration::from_secs(1);
     g.force_release = true;
+    g.holder_meta = true;
+    g.list = true;
+    g.counts_waiters = true;
     g
+}
+
+/// What `inspect` and `list` say about a holder read with its value.
+fn holder_info(claim: Claim, expires_in: Option<Duration>) -> HolderInfo {
+    let fence = u64::try_from(claim.create_rev)
+        .ok()
+        .and_then(FencingToken::new);
+    let meta = parse_claim_value(&claim.value).and_then(|(_, meta)| meta);
+    HolderInfo::new(claim.key, fence, expires_in).with_meta(meta)
 }
 
 #[cfg(test)]

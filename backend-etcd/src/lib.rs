@@ -60,6 +60,15 @@
 //!   `Lost`: etcd keeps no record of who held the lock after it, so the
 //!   critical section may not have been exclusive. Releasing again what this
 //!   client released is `Ok`.
+//! - **Who holds.** A claim's value is the owner token, followed by the
+//!   holder's [`HolderMeta`](lock_core::HolderMeta) line when the lock was
+//!   taken with one (written in the claim's own create transaction), which
+//!   `inspect` and `list` return. `list` is one range read over
+//!   `{prefix}{name prefix}` (keys only, in pages at one revision), grouped
+//!   by name, the lowest create revision holding; only holders whose value
+//!   polylock wrote are listed (not `etcdctl lock`'s, whose value is empty,
+//!   nor other recipes' keys in the same layout). `waiters` counts a
+//!   name's claims but the holder's, foreign ones included.
 //! - **Cancellation.** A cancelled waiter's claim is deleted in the
 //!   background (there is no async drop), so it does not hold its place in
 //!   the queue; if etcd cannot be reached, it goes with the session lease.
@@ -74,6 +83,7 @@ mod fence;
 mod queue;
 mod session;
 mod slot;
+mod value;
 
 pub use backend::{guarantees, EtcdBackend, MIN_TTL};
 pub use config::{EtcdConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_PORT};

@@ -4,8 +4,9 @@
 //! Lock `NAME` is the key prefix `{prefix}NAME/`. A client's claim is the
 //! key `{prefix}NAME/{lease id as lowercase hex}`, created only if absent
 //! and attached to the client's session lease; its value is the owner
-//! token (Go's Mutex writes an empty value; nobody reads it but polylock,
-//! which compares it on release). The claim with the lowest create
+//! token, and the holder's description when one was given (see
+//! [`crate::value`]; Go's Mutex writes an empty value and nobody reads it
+//! but polylock, which compares the owner on release). The claim with the lowest create
 //! revision holds the lock; the others queue in create-revision order,
 //! which is arrival order, so the queue is FIFO.
 //!
@@ -26,10 +27,11 @@ use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, GetResponse, KeyValue, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
-use lock_core::{LockError, LockName};
+use lock_core::{LockError, LockName, OwnerToken};
 
 use crate::conn::{Conn, Retry};
 use crate::errors::unexpected;
+use crate::value::parse_claim_value;
 
 /// How many claims one ranged read fetches before falling back to a full
 /// read (only needed when keys of longer names sort between the claims).
@@ -77,6 +79,8 @@ pub(crate) struct Claim {
     pub(crate) key: String,
     pub(crate) create_rev: i64,
     pub(crate) lease: i64,
+    /// The value, when the read asked for values (empty otherwise).
+    pub(crate) value: Vec<u8>,
 }
 
 impl Claim {
@@ -85,17 +89,33 @@ impl Claim {
             key: kv.key_str().ok()?.to_string(),
             create_rev: kv.create_revision(),
             lease: kv.lease(),
+            value: kv.value().to_vec(),
         })
     }
 }
 
-fn claims_options(lock_prefix: &str, order: SortOrder, limit: i64) -> (String, GetOptions) {
+/// Whether a read fetches the values of the claims too (only `inspect`
+/// and `list` need them: the holder's owner and description).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Values {
+    Skip,
+    Fetch,
+}
+
+fn claims_options(
+    lock_prefix: &str,
+    order: SortOrder,
+    limit: i64,
+    values: Values,
+) -> (String, GetOptions) {
     let (start, end) = claim_range(lock_prefix);
-    let opts = GetOptions::new()
+    let mut opts = GetOptions::new()
         .with_range(end)
         .with_sort(SortTarget::Create, order)
-        .with_keys_only()
         .with_limit(limit);
+    if values == Values::Skip {
+        opts = opts.with_keys_only();
+    }
     (start, opts)
 }
 
@@ -114,15 +134,19 @@ fn first_in(lock_prefix: &str, r: &GetResponse) -> Option<Option<Claim>> {
 ///
 /// # Cancel safety
 /// Cancel safe: read only.
-pub(crate) async fn holder(conn: &Conn, lock_prefix: &str) -> Result<Option<Claim>, LockError> {
-    let (start, opts) = claims_options(lock_prefix, SortOrder::Ascend, PAGE);
+pub(crate) async fn holder(
+    conn: &Conn,
+    lock_prefix: &str,
+    values: Values,
+) -> Result<Option<Claim>, LockError> {
+    let (start, opts) = claims_options(lock_prefix, SortOrder::Ascend, PAGE, values);
     let r = conn
         .get("reading the lock holder", start, Some(opts))
         .await?;
     if let Some(found) = first_in(lock_prefix, &r) {
         return Ok(found);
     }
-    let (start, opts) = claims_options(lock_prefix, SortOrder::Ascend, 0);
+    let (start, opts) = claims_options(lock_prefix, SortOrder::Ascend, 0, values);
     let r = conn
         .get("reading the lock holder", start, Some(opts))
         .await?;
@@ -143,7 +167,7 @@ pub(crate) async fn predecessor(
     let what = "reading the claim ahead in the queue";
     let mut limit = PAGE;
     loop {
-        let (start, opts) = claims_options(lock_prefix, SortOrder::Descend, limit);
+        let (start, opts) = claims_options(lock_prefix, SortOrder::Descend, limit, Values::Skip);
         let r = conn
             .get(what, start, Some(opts.with_max_create_revision(my_rev - 1)))
             .await?;
@@ -179,7 +203,7 @@ pub(crate) struct Created {
     pub(crate) first: bool,
 }
 
-/// Creates the claim `key` (value `owner`, attached to `lease`) only if
+/// Creates the claim `key` (`value`, see [`crate::value`], attached to `lease`) only if
 /// absent, counting the keys of the claim range in the same transaction.
 /// Alone there, the claim holds the lock; otherwise one more read finds the
 /// holder.
@@ -195,7 +219,7 @@ pub(crate) async fn create(
     conn: &Conn,
     lock_prefix: &str,
     key: &str,
-    owner: &str,
+    value: &str,
     lease: i64,
 ) -> Result<Created, LockError> {
     let what = "creating the lock key";
@@ -206,7 +230,7 @@ pub(crate) async fn create(
         .and_then(vec![
             TxnOp::put(
                 key,
-                owner,
+                value,
                 Some(etcd_client::PutOptions::new().with_lease(lease)),
             ),
             TxnOp::get(start, Some(count)),
@@ -228,7 +252,7 @@ pub(crate) async fn create(
         // another process using our lease id, which cannot happen.
         match ops.first() {
             Some(TxnOpResponse::Get(g)) => match g.kvs().first() {
-                Some(kv) if kv.value() == owner.as_bytes() => (kv.create_revision(), false),
+                Some(kv) if kv.value() == value.as_bytes() => (kv.create_revision(), false),
                 Some(_) => {
                     return Err(unexpected(
                         what,
@@ -242,7 +266,7 @@ pub(crate) async fn create(
     };
     // Not alone: keys of longer names may share the range, so ask who holds.
     let first = alone
-        || holder(conn, lock_prefix)
+        || holder(conn, lock_prefix, Values::Skip)
             .await?
             .is_some_and(|c| c.key == key && c.create_rev == rev);
     Ok(Created { rev, first })
@@ -259,7 +283,13 @@ pub(crate) enum Released {
     HeldByOther,
 }
 
-/// Deletes `key` if it is still our claim (same value and create revision).
+/// Deletes `key` if it is still our claim (same owner and create revision).
+///
+/// The owner is compared through the value, which may also carry a holder
+/// description the lease does not know: the first transaction compares
+/// the bare owner token (a claim taken without a description), and if the
+/// key turns out to be this claim with a description after it, a second
+/// one compares that exact value.
 ///
 /// # Cancel safety
 /// Cancel safe: the delete happened or not.
@@ -267,50 +297,212 @@ pub(crate) async fn release(
     conn: &Conn,
     lock_prefix: &str,
     key: &str,
-    owner: &str,
+    owner: OwnerToken,
     create_rev: i64,
 ) -> Result<Released, LockError> {
     let what = "releasing the lock";
-    let (start, opts) = claims_options(lock_prefix, SortOrder::Ascend, PAGE);
-    let txn = Txn::new()
-        .when(vec![
-            Compare::value(key, CompareOp::Equal, owner),
-            Compare::create_revision(key, CompareOp::Equal, create_rev),
-        ])
-        .and_then(vec![TxnOp::delete(key, None)])
-        .or_else(vec![
-            TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
-            TxnOp::get(start, Some(opts)),
-        ]);
-    // Not repeatable: a second try after a delete that happened would see
-    // the next holder and report Lost.
-    let r = conn.txn(what, Retry::NotSent, txn).await?;
-    if r.succeeded() {
-        return Ok(Released::Deleted);
-    }
-    let ops = r.op_responses();
-    let exists = matches!(ops.first(), Some(TxnOpResponse::Get(g)) if !g.kvs().is_empty());
-    if exists {
-        return Ok(Released::HeldByOther);
-    }
-    let head = match ops.get(1) {
-        Some(TxnOpResponse::Get(g)) => first_in(lock_prefix, g),
-        _ => {
-            return Err(unexpected(
-                what,
-                "the transaction answered without the queue head",
-            ))
+    let mut expected = owner.to_string().into_bytes();
+    loop {
+        let (start, opts) = claims_options(lock_prefix, SortOrder::Ascend, PAGE, Values::Skip);
+        let txn = Txn::new()
+            .when(vec![
+                Compare::value(key, CompareOp::Equal, expected.clone()),
+                Compare::create_revision(key, CompareOp::Equal, create_rev),
+            ])
+            .and_then(vec![TxnOp::delete(key, None)])
+            .or_else(vec![TxnOp::get(key, None), TxnOp::get(start, Some(opts))]);
+        // Not repeatable: a second try after a delete that happened would
+        // see the next holder and report Lost.
+        let r = conn.txn(what, Retry::NotSent, txn).await?;
+        if r.succeeded() {
+            return Ok(Released::Deleted);
         }
-    };
-    let someone = match head {
-        Some(found) => found.is_some(),
-        None => holder(conn, lock_prefix).await?.is_some(),
-    };
-    Ok(if someone {
-        Released::HeldByOther
+        let ops = r.op_responses();
+        let found = match ops.first() {
+            Some(TxnOpResponse::Get(g)) => g.kvs().first().and_then(Claim::from_kv),
+            _ => return Err(unexpected(what, "the transaction answered without the key")),
+        };
+        if let Some(claim) = found {
+            let ours = claim.create_rev == create_rev
+                && claim.value != expected
+                && parse_claim_value(&claim.value).is_some_and(|(o, _)| o == owner);
+            if ours {
+                // This very claim, described: delete it under its value.
+                expected = claim.value;
+                continue;
+            }
+            return Ok(Released::HeldByOther);
+        }
+        let head = match ops.get(1) {
+            Some(TxnOpResponse::Get(g)) => first_in(lock_prefix, g),
+            _ => {
+                return Err(unexpected(
+                    what,
+                    "the transaction answered without the queue head",
+                ))
+            }
+        };
+        let someone = match head {
+            Some(found) => found.is_some(),
+            None => holder(conn, lock_prefix, Values::Skip).await?.is_some(),
+        };
+        return Ok(if someone {
+            Released::HeldByOther
+        } else {
+            Released::AlreadyFree
+        });
+    }
+}
+
+/// How many keys one page of a [`holders_under`] read fetches.
+const LIST_PAGE: i64 = 1000;
+
+/// How many holders' values one transaction of [`holders_under`] reads
+/// (etcd refuses transactions of more than 128 operations by default).
+const VALUES_PER_TXN: usize = 64;
+
+/// The end of the range of keys starting with `prefix` ("\0", all keys
+/// from the start on, when nothing follows every such key).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    match prefix.iter().rposition(|&b| b < 0xff) {
+        Some(i) => {
+            let mut end = prefix[..=i].to_vec();
+            end[i] += 1;
+            end
+        }
+        None => vec![0],
+    }
+}
+
+/// The lock name a claim key belongs to, if `kv` is a claim under
+/// `prefix`: `{prefix}{name}/{hex lease id}`, attached to that very lease
+/// (as both polylock and Go's Mutex write it), with a valid name.
+fn claim_name(prefix: &str, kv: &KeyValue) -> Option<LockName> {
+    let key = kv.key_str().ok()?.strip_prefix(prefix)?;
+    let (name, hex) = key.rsplit_once('/')?;
+    if kv.lease() == 0 || lease_of_key(hex) != Some(kv.lease()) {
+        return None;
+    }
+    // The session's own key (`\0polylock-session/...`) fails here: a lock
+    // name has no NUL.
+    LockName::new(name).ok()
+}
+
+/// The holder of every lock whose name starts with `name_prefix` and whose
+/// holder polylock put there (the claim value is ours), in name order, at
+/// most `limit`: the claim with the lowest create revision per name, with
+/// its value, all read at one revision.
+///
+/// Pages of keys only over `{prefix}{name_prefix}` first (the range may
+/// hold any application's keys when the prefix is empty), then the values
+/// of the holders alone, at the same revision.
+///
+/// # Cancel safety
+/// Cancel safe: read only.
+pub(crate) async fn holders_under(
+    conn: &Conn,
+    prefix: &str,
+    name_prefix: &str,
+    limit: usize,
+) -> Result<Vec<(LockName, Claim)>, LockError> {
+    let what = "listing the locks";
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    let first = format!("{prefix}{name_prefix}");
+    let end = prefix_end(first.as_bytes());
+    let mut start = if first.is_empty() {
+        vec![0]
     } else {
-        Released::AlreadyFree
-    })
+        first.into_bytes()
+    };
+    let mut at = 0;
+    let mut lowest: std::collections::HashMap<LockName, Claim> = Default::default();
+    loop {
+        let opts = GetOptions::new()
+            .with_range(end.clone())
+            .with_keys_only()
+            .with_limit(LIST_PAGE)
+            .with_revision(at);
+        let r = conn.get(what, start.clone(), Some(opts)).await?;
+        if at == 0 {
+            at = header_revision(what, r.header())?;
+        }
+        for kv in r.kvs() {
+            let Some(name) = claim_name(prefix, kv) else {
+                continue;
+            };
+            if !name.as_str().starts_with(name_prefix) {
+                continue;
+            }
+            let Some(claim) = Claim::from_kv(kv) else {
+                continue;
+            };
+            match lowest.entry(name) {
+                std::collections::hash_map::Entry::Occupied(mut e) => {
+                    if claim.create_rev < e.get().create_rev {
+                        e.insert(claim);
+                    }
+                }
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(claim);
+                }
+            }
+        }
+        match r.kvs().last() {
+            Some(kv) if r.more() => {
+                start = kv.key().to_vec();
+                start.push(0);
+            }
+            _ => break,
+        }
+    }
+    let mut candidates: Vec<(LockName, Claim)> = lowest.into_iter().collect();
+    candidates.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = Vec::new();
+    for chunk in candidates.chunks(VALUES_PER_TXN) {
+        let gets = chunk
+            .iter()
+            .map(|(_, c)| TxnOp::get(c.key.as_str(), Some(GetOptions::new().with_revision(at))))
+            .collect::<Vec<_>>();
+        let r = conn
+            .txn(what, Retry::Any, Txn::new().and_then(gets))
+            .await?;
+        for ((name, claim), op) in chunk.iter().zip(r.op_responses()) {
+            let TxnOpResponse::Get(g) = op else {
+                return Err(unexpected(what, "the transaction answered without a value"));
+            };
+            let Some(kv) = g.kvs().first() else { continue };
+            let ours =
+                kv.create_revision() == claim.create_rev && parse_claim_value(kv.value()).is_some();
+            if ours {
+                if let Some(c) = Claim::from_kv(kv) {
+                    out.push((name.clone(), c));
+                }
+                if out.len() >= limit {
+                    return Ok(out);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// How many claims lock `lock_prefix` has (holder and waiters, polylock's
+/// and foreign ones).
+///
+/// # Cancel safety
+/// Cancel safe: read only.
+pub(crate) async fn claim_count(conn: &Conn, lock_prefix: &str) -> Result<usize, LockError> {
+    let (start, end) = claim_range(lock_prefix);
+    // Keys of longer names may share the range: a count alone cannot
+    // tell them apart, so read the keys.
+    let opts = GetOptions::new().with_range(end).with_keys_only();
+    let r = conn.get("counting the waiters", start, Some(opts)).await?;
+    Ok(r.kvs()
+        .iter()
+        .filter(|kv| is_claim(lock_prefix, kv.key()))
+        .count())
 }
 
 /// Deletes `key` unconditionally; whether it existed. Only for a claim this

@@ -6,17 +6,20 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
+use futures::FutureExt;
 use lock_core::{
     AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Lease,
     LockBackend, LockError, LockName, OwnerToken, WaitMechanism,
 };
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
-use zookeeper_client::{CreateMode, Error, Stat};
+use zookeeper_client::{CreateMode, Error, EventType, Stat, WatchedEvent};
 
 use crate::config::ZkConfig;
+use crate::data::{node_data, parse_node_data};
 use crate::errors::{from_zk, outcome_unknown, timed, BACKEND};
-use crate::path::{is_ours, name_path, node_prefix, queue};
+use crate::path::{is_ours, may_lead_to, name_of_path, name_path, node_prefix, queue, sequence_of};
 use crate::session::{Session, Sessions};
 
 /// The smallest session timeout a ZooKeeper server grants with the test
@@ -49,7 +52,21 @@ pub fn guarantees() -> Guarantees {
     g.min_ttl = MIN_TTL;
     g.ttl_granularity = Duration::from_millis(1);
     g.force_release = true;
+    g.holder_meta = true;
+    g.list = true;
+    g.counts_waiters = true;
     g
+}
+
+/// What `inspect` and `list` say about a holder's node: its data as the
+/// owner (the owner token for polylock's nodes, a Curator client's address
+/// for theirs), its czxid as the fence, the description polylock stored.
+fn holder_info(data: &[u8], stat: &Stat) -> HolderInfo {
+    let fence = u64::try_from(stat.czxid).ok().and_then(FencingToken::new);
+    match parse_node_data(data) {
+        Some((owner, meta)) => HolderInfo::new(owner.to_string(), fence, None).with_meta(meta),
+        None => HolderInfo::new(String::from_utf8_lossy(data).into_owned(), fence, None),
+    }
 }
 
 /// A polylock client of a ZooKeeper ensemble.
@@ -120,13 +137,24 @@ enum Gone {
     Expired { pzxid: Option<i64> },
 }
 
+/// What ended a wait in the queue.
+enum Woke {
+    /// Our own node's watch fired.
+    Own,
+    /// The predecessor's watch fired with this event.
+    Pred(EventType),
+    /// A recheck, the session's end or the wait's.
+    Other,
+}
+
 /// Where a contender stands in the queue.
 enum Standing {
     /// First in line: the list request that showed it was sent at this
     /// instant, while the session was alive.
     First(Instant),
-    /// Behind this node (its name in the directory).
-    Behind(String),
+    /// Behind this node (its name in the directory); `true` when that
+    /// node was first in line, i.e. ours was second.
+    Behind(String, bool),
     /// Our node is no longer there.
     Vanished,
 }
@@ -190,11 +218,14 @@ impl ZkBackend {
         self.inner.sessions.get(c, timeout).await
     }
 
-    async fn inspect_once(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
-        let s = self.any_session().await?;
-        let dir = self.lock_path(name);
+    /// The first node in line in `dir`, with its data and stat.
+    async fn holder_of(
+        &self,
+        s: &Session,
+        dir: &str,
+    ) -> Result<Option<(Vec<u8>, Stat)>, LockError> {
         loop {
-            let children = match timed("list", self.op(), s.client.list_children(&dir)).await? {
+            let children = match timed("list", self.op(), s.client.list_children(dir)).await? {
                 Ok(c) => c,
                 Err(Error::NoNode) => return Ok(None),
                 Err(e) => return Err(from_zk(&format!("listing {dir}"), e)),
@@ -202,35 +233,163 @@ impl ZkBackend {
             let Some((_, first)) = queue(children).into_iter().next() else {
                 return Ok(None);
             };
-            let path = format!("{dir}/{first}");
-            match timed("get", self.op(), s.client.get_data(&path)).await? {
-                Ok((data, stat)) => {
-                    let fence = u64::try_from(stat.czxid).ok().and_then(FencingToken::new);
-                    let owner = String::from_utf8_lossy(&data).into_owned();
-                    return Ok(Some(HolderInfo::new(owner, fence, None)));
+            if let Some(found) = self.node(s, &format!("{dir}/{first}")).await? {
+                return Ok(Some(found));
+            }
+            // Released between the two reads: look again.
+        }
+    }
+
+    /// The data and stat of the node at `path`; `None` if it is gone.
+    async fn node(&self, s: &Session, path: &str) -> Result<Option<(Vec<u8>, Stat)>, LockError> {
+        match timed("get", self.op(), s.client.get_data(path)).await? {
+            Ok(found) => Ok(Some(found)),
+            Err(Error::NoNode) => Ok(None),
+            Err(e) => Err(from_zk(&format!("reading {path}"), e)),
+        }
+    }
+
+    /// The children of `path`, none if it does not exist.
+    async fn children(&self, s: &Session, path: &str) -> Result<Vec<String>, LockError> {
+        match timed("list", self.op(), s.client.list_children(path)).await? {
+            Ok(c) => Ok(c),
+            Err(Error::NoNode) => Ok(Vec::new()),
+            Err(e) => Err(from_zk(&format!("listing {path}"), e)),
+        }
+    }
+
+    /// Runs the read `f` again while the connection is being
+    /// re-established (up to `op_timeout`).
+    async fn reading<T, F, Fut>(&self, mut f: F) -> Result<T, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, LockError>>,
+    {
+        let give_up = Instant::now() + self.op();
+        loop {
+            match f().await {
+                Err(e) if e.is_retryable() && Instant::now() < give_up => {
+                    sleep(Duration::from_millis(50)).await;
                 }
-                // Released between the two reads: look again.
-                Err(Error::NoNode) => continue,
-                Err(e) => return Err(from_zk(&format!("reading {path}"), e)),
+                other => return other,
             }
         }
+    }
+
+    async fn inspect_once(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
+        let s = self.any_session().await?;
+        let found = self.holder_of(&s, &self.lock_path(name)).await?;
+        Ok(found.map(|(data, stat)| holder_info(&data, &stat)))
+    }
+
+    /// Walks the directories under the prefix root, one depth at a time
+    /// (the directories of one depth listed together), going only where a
+    /// name starting with `prefix` can be; then reads the first node of
+    /// each lock directory, in name order, until `limit` of polylock's
+    /// holders are found.
+    async fn list_once(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<(LockName, HolderInfo)>, LockError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let s = self.any_session().await?;
+        let c = &self.inner.config;
+        let root = format!("{}/{}", c.chroot, c.prefix);
+        let abs = |rel: &str| {
+            if rel.is_empty() {
+                root.clone()
+            } else {
+                format!("{root}/{rel}")
+            }
+        };
+        // Directories to list at the next depth, relative to the root.
+        let mut level = vec![String::new()];
+        // Lock directories: the name and the first node in line.
+        let mut locks: Vec<(LockName, String)> = Vec::new();
+        while !level.is_empty() {
+            let listed = futures::future::try_join_all(level.iter().map(|rel| {
+                let (s, path) = (&s, abs(rel));
+                async move { Ok::<_, LockError>((rel, self.children(s, &path).await?)) }
+            }))
+            .await?;
+            let mut next = Vec::new();
+            for (rel, children) in listed {
+                // Lock nodes have no children; the prefix root holds none
+                // (names map below it, the first segment unescaped).
+                let dirs: Vec<&String> = children
+                    .iter()
+                    .filter(|c| rel.is_empty() || sequence_of(c).is_none())
+                    .collect();
+                for child in dirs {
+                    let rel = if rel.is_empty() {
+                        child.clone()
+                    } else {
+                        format!("{rel}/{child}")
+                    };
+                    // A directory no name maps to has no lock of ours below
+                    // it either: the mapping escapes segment by segment.
+                    if name_of_path(&rel).is_some_and(|n| may_lead_to(n.as_str(), prefix)) {
+                        next.push(rel);
+                    }
+                }
+                if rel.is_empty() {
+                    continue;
+                }
+                let Some(name) = name_of_path(rel).filter(|n| n.as_str().starts_with(prefix))
+                else {
+                    continue;
+                };
+                if let Some((_, first)) = queue(children).into_iter().next() {
+                    locks.push((name, format!("{}/{first}", abs(rel))));
+                }
+            }
+            level = next;
+        }
+        locks.sort();
+        let mut out = Vec::new();
+        for chunk in locks.chunks(64) {
+            let read = futures::future::try_join_all(chunk.iter().map(|(name, node)| {
+                let s = &s;
+                async move {
+                    let found = match self.node(s, node).await? {
+                        Some(found) => Some(found),
+                        // Released since the listing: whoever is first now.
+                        None => {
+                            let dir = node.rsplit_once('/').map_or("", |(d, _)| d);
+                            self.holder_of(s, dir).await?
+                        }
+                    };
+                    Ok::<_, LockError>((name, found))
+                }
+            }))
+            .await?;
+            for (name, found) in read {
+                let Some((data, stat)) = found else { continue };
+                if parse_node_data(&data).is_none() {
+                    // A Curator client's (or another tool's) holder.
+                    continue;
+                }
+                out.push((name.clone(), holder_info(&data, &stat)));
+                if out.len() >= limit {
+                    return Ok(out);
+                }
+            }
+        }
+        Ok(out)
     }
 
     fn op(&self) -> Duration {
         self.inner.config.op_timeout
     }
 
-    /// Creates our node for `owner` under `dir`, creating the parents when
+    /// Creates our node with `data` (see [`crate::data`]) under `dir`, creating the parents when
     /// missing. A lost reply is recovered by finding the node by its uuid.
-    async fn enter(
-        &self,
-        s: &Session,
-        dir: &str,
-        owner: OwnerToken,
-    ) -> Result<(String, Stat), LockError> {
+    async fn enter(&self, s: &Session, dir: &str, data: &str) -> Result<(String, Stat), LockError> {
         let uuid = uuid::Uuid::new_v4().to_string();
         let prefix = node_prefix(dir, &uuid);
-        let data = owner.to_string();
         let opts = CreateMode::EphemeralSequential.with_acls(self.inner.config.acls());
         let mut parents_made = false;
         let mut tries = 0;
@@ -346,7 +505,7 @@ impl ZkBackend {
         match q.iter().position(|(_, c)| c == node) {
             None => Ok(Standing::Vanished),
             Some(0) => Ok(Standing::First(sent)),
-            Some(i) => Ok(Standing::Behind(q[i - 1].1.clone())),
+            Some(i) => Ok(Standing::Behind(q[i - 1].1.clone(), i == 1)),
         }
     }
 
@@ -387,14 +546,37 @@ impl ZkBackend {
 
     /// One pass through the queue: create, then wait (up to `req.wait`)
     /// for the predecessors to go.
+    ///
+    /// # Hand-off without a second listing
+    /// A waiter woken by its predecessor's deletion lists the directory
+    /// again, to check every lower node is gone, except when the listing
+    /// that found the predecessor showed it first in line: a node created
+    /// after that listing has a higher sequence than ours, so with the
+    /// first one deleted no lower node is left, and ours is first. Two
+    /// more things the listing would have shown are checked without it:
+    /// - our node is still there: a watch on it, registered with the
+    ///   predecessor's (one more request in the same round trip), would
+    ///   have fired first, as ZooKeeper delivers a session's events in
+    ///   order and the client hands them out in that order (the select
+    ///   below looks at it first);
+    /// - the session is alive: the event came on it, and the lease is
+    ///   dated from when the watch request was sent (the server heard the
+    ///   session then), which must leave three quarters of the TTL.
+    ///
+    /// A node a foreign client creates with a hand-picked sequence lower
+    /// than ours is outside the protocol and is not looked for.
     async fn contend(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         let wait_until = req.wait_deadline();
         let dir = self.lock_path(&req.name);
+        let data = node_data(req.owner, req.meta.as_ref());
         loop {
             let s = self.session(req.ttl).await?;
-            let (path, stat) = self.enter(&s, &dir, req.owner).await?;
+            let (path, stat) = self.enter(&s, &dir, &data).await?;
             let node = path.rsplit('/').next().unwrap_or_default().to_string();
             let mut ours = NodeGuard::new(&s, &path);
+            // Fires when our own node changes (it is only ever deleted) or
+            // the connection's state does.
+            let mut own: Option<BoxFuture<'static, WatchedEvent>> = None;
             loop {
                 if s.ended.is_cancelled() {
                     break;
@@ -407,24 +589,64 @@ impl ZkBackend {
                         ours.disarm();
                         return self.grant(req, &s, path, &stat, sent).map(Some);
                     }
-                    Standing::Behind(pred) => {
+                    Standing::Behind(pred, pred_is_first) => {
                         if Instant::now() >= wait_until {
                             ours.delete_now(self.op()).await;
                             return Ok(None);
                         }
                         let pred = format!("{dir}/{pred}");
+                        let watch_own = own.is_none() && pred_is_first;
+                        let watch_sent = Instant::now();
+                        let (watched, own_watched) = tokio::join!(
+                            timed("watch", self.op(), s.client.check_and_watch_stat(&pred)),
+                            async {
+                                if !watch_own {
+                                    return None;
+                                }
+                                Some(
+                                    timed("watch", self.op(), s.client.check_and_watch_stat(&path))
+                                        .await,
+                                )
+                            }
+                        );
+                        match own_watched {
+                            // Our node is gone: enter again.
+                            Some(Ok(Ok((None, _)))) => break,
+                            Some(Ok(Ok((Some(_), w)))) => own = Some(w.changed().boxed()),
+                            // Only the fast hand-off needs it: without it,
+                            // the next listing checks.
+                            Some(_) | None => {}
+                        }
                         let watched =
-                            timed("watch", self.op(), s.client.check_and_watch_stat(&pred))
-                                .await?
-                                .map_err(|e| from_zk(&format!("watching {pred}"), e))?;
+                            watched?.map_err(|e| from_zk(&format!("watching {pred}"), e))?;
                         let (Some(_), watcher) = watched else {
                             continue;
                         };
-                        tokio::select! {
-                            _ = watcher.changed() => {}
-                            _ = sleep(RECHECK) => {}
-                            _ = s.ended.cancelled() => {}
-                            _ = sleep_until(wait_until) => {}
+                        let woke = tokio::select! {
+                            biased;
+                            _ = async {
+                                match own.as_mut() {
+                                    Some(f) => f.await,
+                                    None => std::future::pending().await,
+                                }
+                            } => Woke::Own,
+                            e = watcher.changed() => Woke::Pred(e.event_type),
+                            _ = sleep(RECHECK) => Woke::Other,
+                            _ = s.ended.cancelled() => Woke::Other,
+                            _ = sleep_until(wait_until) => Woke::Other,
+                        };
+                        match woke {
+                            Woke::Own => own = None,
+                            Woke::Pred(EventType::NodeDeleted)
+                                if pred_is_first
+                                    && own.is_some()
+                                    && watch_sent.elapsed() < s.timeout() / 4
+                                    && !s.ended.is_cancelled() =>
+                            {
+                                ours.disarm();
+                                return self.grant(req, &s, path, &stat, watch_sent).map(Some);
+                            }
+                            Woke::Pred(_) | Woke::Other => {}
                         }
                     }
                 }
@@ -445,7 +667,7 @@ impl ZkBackend {
         };
         match timed("get", self.op(), s.client.get_data(path)).await? {
             Ok((data, stat)) => {
-                let same = data == lease.owner().to_string().as_bytes()
+                let same = parse_node_data(&data).is_some_and(|(o, _)| o == lease.owner())
                     && u64::try_from(stat.czxid).ok() == Some(lease.fence().get())
                     && stat.ephemeral_owner == s.id();
                 if same {
@@ -685,21 +907,47 @@ impl LockBackend for ZkBackend {
         }
     }
 
-    /// The first node in line, its data as the owner and its czxid.
+    /// The first node in line: its owner token (or, for a Curator holder,
+    /// its data as it is), its czxid as the fence, the holder's description
+    /// when polylock stored one (see the crate docs).
     ///
     /// # Cancel safety
     /// Cancel safe: read only.
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
-        // A read: retried while the connection is being re-established.
-        let give_up = Instant::now() + self.op();
-        loop {
-            match self.inspect_once(name).await {
-                Err(e) if e.is_retryable() && Instant::now() < give_up => {
-                    sleep(Duration::from_millis(50)).await;
-                }
-                other => return other,
-            }
-        }
+        self.reading(|| self.inspect_once(name)).await
+    }
+
+    /// The lock directories under the prefix root whose first node is
+    /// polylock's (its data is an owner token), with the names mapped back
+    /// from the paths exactly (see [`ZkBackend::lock_path`]); directories
+    /// other clients named outside that mapping, and locks Curator clients
+    /// hold, are not listed.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn list(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<(LockName, HolderInfo)>, LockError> {
+        let limit = lock_core::validate_list(prefix, limit)?;
+        self.reading(|| self.list_once(prefix, limit)).await
+    }
+
+    /// The lock nodes in the name's directory (polylock's and Curator's)
+    /// but the first.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only.
+    async fn waiters(&self, name: &LockName) -> Result<Option<usize>, LockError> {
+        let dir = self.lock_path(name);
+        let queued = self
+            .reading(|| async {
+                let s = self.any_session().await?;
+                Ok(queue(self.children(&s, &dir).await?).len())
+            })
+            .await?;
+        Ok(Some(queued.saturating_sub(1)))
     }
 
     /// Deletes the first node in line, whoever created it.

@@ -26,7 +26,11 @@
 //!   by finding the node with our uuid (and our session as its owner).
 //! - **Order.** The lowest sequence holds. A waiter watches only the node
 //!   just before its own; when woken it lists the directory again and
-//!   checks every lower node is gone. Waiters are served in the order they
+//!   checks every lower node is gone, except the second in line, woken by
+//!   the holder's deletion: no node created since has a lower sequence, so
+//!   it holds at once (a watch on its own node, sent with the other,
+//!   tells it if its node was deleted meanwhile). That saves the hand-off
+//!   one round trip. Waiters are served in the order they
 //!   queued ([`lock_core::Guarantees::fair_fifo`]). A cancelled waiter's
 //!   node is deleted.
 //! - **Fencing.** The token is the lock node's czxid: the 64-bit zxid of
@@ -34,6 +38,14 @@
 //!   increasing from one holder to the next (not the 32-bit sequence).
 //!   [`fenced_set_data`] writes data kept in ZooKeeper in one multi-op that
 //!   checks the lock node first.
+//! - **Who holds.** A node's data is the owner token, followed by the
+//!   holder's [`HolderMeta`](lock_core::HolderMeta) line when the lock was
+//!   taken with one (Curator writes the client's address there and reads
+//!   no node's data). `inspect` and `list` return it. `list` walks the
+//!   directories under the prefix root one depth at a time and maps each
+//!   path back to its name exactly (a directory no name maps to is not a
+//!   lock); locks whose first node polylock did not write (Curator's) are
+//!   left out. `waiters` counts a directory's lock nodes but the first.
 //! - **Sessions and TTL.** One session per TTL asked for; the session
 //!   timeout the server negotiated is the lease's TTL. A lease not renewed
 //!   within its TTL is deleted by the client at `sent_at + ttl`. When the
@@ -52,6 +64,7 @@
 
 mod backend;
 mod config;
+mod data;
 mod errors;
 mod fence;
 mod path;

@@ -13,6 +13,11 @@
 //!   as path separators (`reports/nightly` → `.../reports/nightly`).
 //! - A name with an empty segment (`/a`, `a/`, `a//b`) becomes ONE segment
 //!   in which `/` is escaped as `%2F` too.
+//! - A segment after the first that Curator and polylock would take for a
+//!   lock node (`lock-` and ten or more digits at its end, as in
+//!   `jobs/lock-0000000001`) has its last digit escaped (`%31`): its
+//!   directory sits among the lock nodes of the name before it, which would
+//!   otherwise count it as a contender that never leaves.
 //!
 //! Percent-decoding the result gives the name back in both cases, so two
 //! names never share a directory.
@@ -69,10 +74,37 @@ pub(crate) fn name_path(name: &LockName) -> String {
         match seg {
             "." => out.push_str("%2E"),
             ".." => out.push_str("%2E%2E"),
+            _ if i > 0 && sequence_of(seg).is_some() => {
+                // The last character is an ASCII digit: escaped, no digit
+                // run ends the segment any more.
+                let (head, last) = seg.split_at(seg.len() - 1);
+                escape_into(&mut out, head, false);
+                let _ = write!(out, "%{:02X}", last.as_bytes()[0]);
+            }
             _ => escape_into(&mut out, seg, false),
         }
     }
     out
+}
+
+/// The lock name whose directory is `rel` (relative to the prefix root),
+/// if `rel` is exactly what [`name_path`] makes of a name: a directory some
+/// other client named differently (`a%zz`, `a/%41`) is not a polylock lock.
+pub(crate) fn name_of_path(rel: &str) -> Option<LockName> {
+    let decoded = percent_encoding::percent_decode_str(rel)
+        .decode_utf8()
+        .ok()?;
+    let name = LockName::new(decoded.as_ref()).ok()?;
+    (name_path(&name) == rel).then_some(name)
+}
+
+/// Whether a directory whose name (decoded) is `name` may hold, itself or
+/// below it, the lock of a name starting with `prefix`.
+pub(crate) fn may_lead_to(name: &str, prefix: &str) -> bool {
+    name.starts_with(prefix)
+        || prefix
+            .strip_prefix(name)
+            .is_some_and(|rest| rest.starts_with('/'))
 }
 
 /// Refuses what ZooKeeper refuses in one path segment (for URL pieces,
@@ -184,6 +216,57 @@ mod tests {
                 panic!("{n:?} and {other:?} both map to {path}");
             }
         }
+    }
+
+    #[test]
+    fn a_name_below_another_never_looks_like_its_lock_node() {
+        assert_eq!(p("a/lock-0000000000"), "a/lock-000000000%30");
+        assert_eq!(p("a/_c_x-lock-0000000042"), "a/_c_x-lock-000000004%32");
+        assert_eq!(p("a/lock-lock-0000000001/b"), "a/lock-lock-000000000%31/b");
+        // The first segment sits in the prefix root, which is no lock.
+        assert_eq!(p("lock-0000000000"), "lock-0000000000");
+        assert_eq!(p("a/lock-000000000"), "a/lock-000000000", "nine digits");
+        for n in ["a/lock-0000000000", "a/x-lock-12345678901/c"] {
+            for seg in p(n).split('/') {
+                assert_eq!(sequence_of(seg), None, "{n}: {seg}");
+            }
+        }
+    }
+
+    #[test]
+    fn paths_map_back_to_exactly_their_names() {
+        for n in [
+            "a",
+            "a/b",
+            "/a",
+            "a//b",
+            "a/",
+            ".",
+            "a/../b",
+            "100%",
+            "tab\there",
+            "🔒",
+            "a/lock-0000000000",
+            "b x/ü",
+        ] {
+            let name = LockName::new(n).unwrap();
+            assert_eq!(name_of_path(&name_path(&name)), Some(name), "{n:?}");
+        }
+        // Paths no name maps to (another client's directories).
+        for rel in ["a%zz", "a/%41", "a%2Fb/c", "a/lock-0000000000", "%00"] {
+            assert_eq!(name_of_path(rel), None, "{rel:?}");
+        }
+    }
+
+    #[test]
+    fn the_walk_goes_only_where_a_prefix_can_lead() {
+        assert!(may_lead_to("jobs", ""));
+        assert!(may_lead_to("jobs", "jo"));
+        assert!(may_lead_to("jobs", "jobs/ni"));
+        assert!(may_lead_to("jobs/nightly", "jobs/ni"));
+        assert!(!may_lead_to("jobs", "jobsx"));
+        assert!(!may_lead_to("jobs/a", "jobs/ni"));
+        assert!(!may_lead_to("job", "jobs/ni"));
     }
 
     #[test]

@@ -260,3 +260,43 @@ async fn a_mixed_queue_is_served_in_order() {
     j2.send("release").await;
     j2.expect("RELEASED", Duration::from_secs(30)).await;
 }
+
+/// A described polylock holder and a Curator waiter share the queue:
+/// Curator ignores the node data polylock writes, `waiters` counts the
+/// Curator client, `list` shows polylock's holder with its description
+/// and leaves Curator's holder out (inspect still shows it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_queues_behind_a_described_holder_and_list_shows_ours_only() {
+    let (backend, name, path) = setup("described").await;
+    let meta = lock_core::HolderMeta::of_this_process("curator interop");
+    let mut java = Curator::start(&path).await;
+    let locker = Locker::from_arc(backend.clone() as Arc<dyn LockBackend>);
+    let guard = locker
+        .lock(name.as_str())
+        .holder_meta(meta.clone())
+        .acquire()
+        .await
+        .expect("acquire");
+    java.send("acquire").await;
+    contenders(&path, 2).await;
+    assert_eq!(backend.waiters(&name).await.expect("waiters"), Some(1));
+    let listed = backend.list(name.as_str(), 10).await.expect("list");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].0, name);
+    assert_eq!(listed[0].1.meta.as_ref(), Some(&meta));
+    java.silent_for(Duration::from_millis(500)).await;
+    guard.release().await.expect("release");
+    java.expect("ACQUIRED", Duration::from_secs(30)).await;
+
+    let held = backend
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(held.meta, None, "Curator's holder has no description");
+    let listed = backend.list(name.as_str(), 10).await.expect("list");
+    assert!(listed.is_empty(), "Curator's holder was listed: {listed:?}");
+    assert_eq!(backend.waiters(&name).await.expect("waiters"), Some(0));
+    java.send("release").await;
+    java.expect("RELEASED", Duration::from_secs(30)).await;
+}
