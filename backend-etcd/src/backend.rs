@@ -19,7 +19,7 @@ use crate::errors::{from_etcd, is_auth_failure, lease_gone, retryable, timed_out
 use crate::queue::{self, Claim, Released, Values, WatchEnd};
 use crate::session::{spawn_cleanup, Cleanup, Closed, Session, SessionInfo, SessionUse};
 use crate::slot::{Slot, Slots};
-use crate::value::{claim_value, parse_claim_value};
+use lock_core::{owner_value, parse_owner_value};
 
 /// The smallest lease etcd grants with its default election timing
 /// (`ceil(1.5 * election timeout)` = 2 s); shorter requests are raised.
@@ -345,7 +345,7 @@ impl EtcdBackend {
     ) -> Result<Option<Lease>, LockError> {
         let conn = self.conn();
         let pfx = self.key_prefix(&req.name);
-        let value = claim_value(req.owner, req.meta.as_ref());
+        let value = owner_value(req.owner, req.meta.as_ref());
         let mut slot = Some(slot);
         let mut expired_sessions = 0;
         loop {
@@ -865,7 +865,7 @@ fn holder_info(claim: Claim, expires_in: Option<Duration>) -> HolderInfo {
     let fence = u64::try_from(claim.create_rev)
         .ok()
         .and_then(FencingToken::new);
-    let meta = parse_claim_value(&claim.value).and_then(|(_, meta)| meta);
+    let meta = parse_owner_value(&claim.value).and_then(|(_, meta)| meta);
     HolderInfo::new(claim.key, fence, expires_in).with_meta(meta)
 }
 

@@ -31,7 +31,7 @@ use lock_core::{LockError, LockName, OwnerToken};
 
 use crate::conn::{Conn, Retry};
 use crate::errors::unexpected;
-use crate::value::parse_claim_value;
+use lock_core::parse_owner_value;
 
 /// How many claims one ranged read fetches before falling back to a full
 /// read (only needed when keys of longer names sort between the claims).
@@ -325,7 +325,7 @@ pub(crate) async fn release(
         if let Some(claim) = found {
             let ours = claim.create_rev == create_rev
                 && claim.value != expected
-                && parse_claim_value(&claim.value).is_some_and(|(o, _)| o == owner);
+                && parse_owner_value(&claim.value).is_some_and(|(o, _)| o == owner);
             if ours {
                 // This very claim, described: delete it under its value.
                 expected = claim.value;
@@ -474,7 +474,7 @@ pub(crate) async fn holders_under(
             };
             let Some(kv) = g.kvs().first() else { continue };
             let ours =
-                kv.create_revision() == claim.create_rev && parse_claim_value(kv.value()).is_some();
+                kv.create_revision() == claim.create_rev && parse_owner_value(kv.value()).is_some();
             if ours {
                 if let Some(c) = Claim::from_kv(kv) {
                     out.push((name.clone(), c));

@@ -17,10 +17,10 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client::{CreateMode, Error, EventType, Stat, WatchedEvent};
 
 use crate::config::ZkConfig;
-use crate::data::{node_data, parse_node_data};
 use crate::errors::{from_zk, outcome_unknown, timed, BACKEND};
 use crate::path::{is_ours, may_lead_to, name_of_path, name_path, node_prefix, queue, sequence_of};
 use crate::session::{Session, Sessions};
+use lock_core::{owner_value, parse_owner_value};
 
 /// The smallest session timeout a ZooKeeper server grants with the test
 /// kit's `tickTime=500` (two ticks). A server with a longer tick raises
@@ -63,7 +63,7 @@ pub fn guarantees() -> Guarantees {
 /// for theirs), its czxid as the fence, the description polylock stored.
 fn holder_info(data: &[u8], stat: &Stat) -> HolderInfo {
     let fence = u64::try_from(stat.czxid).ok().and_then(FencingToken::new);
-    match parse_node_data(data) {
+    match parse_owner_value(data) {
         Some((owner, meta)) => HolderInfo::new(owner.to_string(), fence, None).with_meta(meta),
         None => HolderInfo::new(String::from_utf8_lossy(data).into_owned(), fence, None),
     }
@@ -368,7 +368,7 @@ impl ZkBackend {
             .await?;
             for (name, found) in read {
                 let Some((data, stat)) = found else { continue };
-                if parse_node_data(&data).is_none() {
+                if parse_owner_value(&data).is_none() {
                     // A Curator client's (or another tool's) holder.
                     continue;
                 }
@@ -568,7 +568,7 @@ impl ZkBackend {
     async fn contend(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         let wait_until = req.wait_deadline();
         let dir = self.lock_path(&req.name);
-        let data = node_data(req.owner, req.meta.as_ref());
+        let data = owner_value(req.owner, req.meta.as_ref());
         loop {
             let s = self.session(req.ttl).await?;
             let (path, stat) = self.enter(&s, &dir, &data).await?;
@@ -667,7 +667,7 @@ impl ZkBackend {
         };
         match timed("get", self.op(), s.client.get_data(path)).await? {
             Ok((data, stat)) => {
-                let same = parse_node_data(&data).is_some_and(|(o, _)| o == lease.owner())
+                let same = parse_owner_value(&data).is_some_and(|(o, _)| o == lease.owner())
                     && u64::try_from(stat.czxid).ok() == Some(lease.fence().get())
                     && stat.ephemeral_owner == s.id();
                 if same {

@@ -64,7 +64,6 @@
 
 mod backend;
 mod config;
-mod data;
 mod errors;
 mod fence;
 mod path;

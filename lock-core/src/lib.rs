@@ -55,7 +55,7 @@ pub use guard::LockGuard;
 pub use lease::{ClockPolicy, Lease};
 pub use locker::{LockBuilder, Locker, RunOutcome, DEFAULT_TTL};
 pub use memory::MemoryBackend;
-pub use meta::HolderMeta;
+pub use meta::{owner_value, parse_owner_value, HolderMeta};
 pub use name::LockName;
 pub use owner::Owner;
 pub use redact::redact_url;

@@ -5,7 +5,11 @@
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use std::str::FromStr;
+
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
+
+use crate::token::OwnerToken;
 
 /// A holder's description, stored next to the lock at acquire time.
 ///
@@ -142,6 +146,43 @@ impl HolderMeta {
     }
 }
 
+/// The value a backend stores for a holder where one value must carry both
+/// the owner and its description (an etcd claim key, a ZooKeeper lock
+/// node): the owner token (32 lowercase hex digits), then, when there is a
+/// description, a newline and [`HolderMeta::encode`]'s line.
+///
+/// ```
+/// use lock_core::{owner_value, parse_owner_value, HolderMeta, OwnerToken};
+/// let owner = OwnerToken::random();
+/// let meta = HolderMeta::of_this_process("job");
+/// let v = owner_value(owner, Some(&meta));
+/// assert_eq!(parse_owner_value(v.as_bytes()), Some((owner, Some(meta))));
+/// assert_eq!(parse_owner_value(b"10.0.0.7"), None);
+/// ```
+pub fn owner_value(owner: OwnerToken, meta: Option<&HolderMeta>) -> String {
+    match meta {
+        Some(m) => format!("{owner}\n{}", m.encode()),
+        None => owner.to_string(),
+    }
+}
+
+/// A value [`owner_value`] made: its owner and description (`None` when
+/// the description is missing or damaged). `None` for any other value (a
+/// foreign client's: empty for etcd's Go Mutex, an address for Curator).
+pub fn parse_owner_value(value: &[u8]) -> Option<(OwnerToken, Option<HolderMeta>)> {
+    let text = std::str::from_utf8(value).ok()?;
+    let (owner, meta) = match text.split_once('\n') {
+        Some((owner, line)) => (owner, Some(line)),
+        None => (text, None),
+    };
+    // Only the form Display gives: an uppercase token is not ours.
+    if owner.bytes().any(|b| b.is_ascii_uppercase()) {
+        return None;
+    }
+    let owner = OwnerToken::from_str(owner).ok()?;
+    Some((owner, meta.and_then(HolderMeta::decode)))
+}
+
 impl fmt::Debug for HolderMeta {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The command line may carry arguments the operator would rather not
@@ -224,6 +265,34 @@ mod tests {
         let shown = format!("{m:?}");
         assert!(shown.contains("mysql"), "{shown}");
         assert!(!shown.contains("secret"), "{shown}");
+    }
+
+    #[test]
+    fn owner_values_round_trip_and_foreign_ones_are_not_ours() {
+        let owner = OwnerToken::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+        let meta = HolderMeta::new("h", 7, "job a\nb", UNIX_EPOCH + Duration::from_secs(1));
+        let plain = owner_value(owner, None);
+        assert_eq!(plain, "0123456789abcdef0123456789abcdef");
+        assert_eq!(parse_owner_value(plain.as_bytes()), Some((owner, None)));
+        let described = owner_value(owner, Some(&meta));
+        assert_eq!(described.matches('\n').count(), 1, "{described:?}");
+        assert_eq!(
+            parse_owner_value(described.as_bytes()),
+            Some((owner, Some(meta)))
+        );
+        // Damaged metadata leaves the value ours, without a description.
+        let damaged = format!("{owner}\nsomething else");
+        assert_eq!(parse_owner_value(damaged.as_bytes()), Some((owner, None)));
+        for foreign in [
+            &b""[..],
+            b"leader-1",
+            b"127.0.1.1",
+            b"0123456789ABCDEF0123456789ABCDEF",
+            b"0123456789abcdef0123456789abcde",
+            b"\xff\xfe",
+        ] {
+            assert_eq!(parse_owner_value(foreign), None, "{foreign:?}");
+        }
     }
 
     #[test]
