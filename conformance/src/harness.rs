@@ -96,32 +96,60 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 /// The outcome of one case: `Err` carries the failure message.
 pub type CaseOutcome = (&'static str, Result<(), String>);
 
+/// How many cases [`run_every_case`] runs at once: as many as the test
+/// binary's own harness would on this machine (one per core), times two
+/// since most cases mostly sleep. Running all thirty at once made a
+/// composite backend's cold connections miss their TTLs on two cores.
+fn parallel_cases() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get()) * 2
+}
+
 /// Runs every case that applies to `fixture`'s guarantees, each on a
-/// thread and runtime of its own, all at once, and returns every outcome.
-/// For testing the suite itself (see [`crate::broken`]).
+/// runtime of its own, a few at a time (an exclusive case alone, as in
+/// [`main`]), and returns every outcome in the suite's order. For testing
+/// the suite itself (see [`crate::broken`]) and for fixtures built inside
+/// a test (a migration lock over two spawned servers).
 pub fn run_every_case(fixture: Arc<dyn Fixture>) -> Vec<CaseOutcome> {
     let promised = fixture.guarantees();
-    let threads: Vec<_> = all()
+    let cases: Vec<Case> = all()
         .into_iter()
         .filter(|case| (case.applies)(&promised))
-        .map(|Case { name, run, .. }| {
-            let fixture = Arc::clone(&fixture);
-            let thread = std::thread::spawn(move || {
-                run_case(fixture.as_ref(), name, run).map_err(|f| {
-                    f.message()
-                        .map_or_else(|| "failed".to_string(), str::to_string)
-                })
-            });
-            (name, thread)
-        })
         .collect();
-    threads
-        .into_iter()
-        .map(|(name, thread)| {
-            let outcome = thread
-                .join()
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let turns = RwLock::new(());
+    let outcomes: Vec<OnceLock<Result<(), String>>> =
+        cases.iter().map(|_| OnceLock::new()).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..parallel_cases().min(cases.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(case) = cases.get(i) else { break };
+                let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    let _alone = case
+                        .exclusive
+                        .then(|| turns.write().unwrap_or_else(|p| p.into_inner()));
+                    let _shared =
+                        (!case.exclusive).then(|| turns.read().unwrap_or_else(|p| p.into_inner()));
+                    run_case(fixture.as_ref(), case.name, case.run).map_err(|f| {
+                        f.message()
+                            .map_or_else(|| "failed".to_string(), str::to_string)
+                    })
+                }))
                 .unwrap_or_else(|_| Err("the case's thread panicked".into()));
-            (name, outcome)
+                let _ = outcomes[i].set(outcome);
+            });
+        }
+    });
+    cases
+        .iter()
+        .zip(outcomes)
+        .map(|(case, outcome)| {
+            (
+                case.name,
+                outcome
+                    .into_inner()
+                    .unwrap_or_else(|| Err("the case did not run".into())),
+            )
         })
         .collect()
 }

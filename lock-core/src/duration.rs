@@ -165,9 +165,110 @@ fn with_fraction(whole: u64, frac: u32, digits: usize, unit: &str) -> String {
     format!("{whole}.{}{unit}", f.trim_end_matches('0'))
 }
 
+/// A wall-clock instant as a UTC calendar date and time, to the second,
+/// for people: `status` shows when a holder took its lock, reports stamp
+/// their runs. Displayed as `2026-12-01 15:04:05 UTC`.
+///
+/// ```
+/// use std::time::{Duration, UNIX_EPOCH};
+/// use lock_core::duration::UtcTime;
+/// let t = UtcTime::from_system_time(UNIX_EPOCH + Duration::from_secs(951_827_696));
+/// assert_eq!(t.to_string(), "2000-02-29 12:34:56 UTC");
+/// assert_eq!(t.rfc3339(), "2000-02-29T12:34:56Z");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct UtcTime {
+    /// The year.
+    pub year: i64,
+    /// 1 to 12.
+    pub month: u32,
+    /// 1 to 31.
+    pub day: u32,
+    /// 0 to 23.
+    pub hour: u32,
+    /// 0 to 59.
+    pub minute: u32,
+    /// 0 to 59 (no leap seconds: Unix time has none).
+    pub second: u32,
+}
+
+impl UtcTime {
+    /// `t` in UTC; an instant before 1970 counts back from the epoch.
+    pub fn from_system_time(t: std::time::SystemTime) -> Self {
+        let secs = match t.duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            Err(e) => -i64::try_from(e.duration().as_secs()).unwrap_or(i64::MAX),
+        };
+        let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+        let (year, month, day) = civil_from_days(days);
+        // rem is in 0..86_400, so these fit.
+        let rem = rem as u32;
+        UtcTime {
+            year,
+            month,
+            day,
+            hour: rem / 3600,
+            minute: rem / 60 % 60,
+            second: rem % 60,
+        }
+    }
+
+    /// `2026-12-01T15:04:05Z`, for machine-read files.
+    pub fn rfc3339(&self) -> String {
+        format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+            self.year, self.month, self.day, self.hour, self.minute, self.second
+        )
+    }
+}
+
+impl std::fmt::Display for UtcTime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
+            self.year, self.month, self.day, self.hour, self.minute, self.second
+        )
+    }
+}
+
+/// Year, month, day of the `days`-th day after 1970-01-01 in the proleptic
+/// Gregorian calendar: 400-year eras of 146,097 days, with years counted
+/// from March so that the leap day ends the year.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    // d is in 1..=31 and m in 1..=12.
+    (y, m as u32, d as u32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn calendar_dates() {
+        let at = |s: i64| {
+            let t = if s >= 0 {
+                std::time::UNIX_EPOCH + Duration::from_secs(s as u64)
+            } else {
+                std::time::UNIX_EPOCH - Duration::from_secs((-s) as u64)
+            };
+            UtcTime::from_system_time(t).to_string()
+        };
+        assert_eq!(at(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(at(1_704_067_200), "2024-01-01 00:00:00 UTC");
+        assert_eq!(at(1_796_083_200), "2026-12-01 00:00:00 UTC");
+        assert_eq!(at(951_782_400 - 1), "2000-02-28 23:59:59 UTC");
+        assert_eq!(at(-1), "1969-12-31 23:59:59 UTC");
+    }
     use proptest::prelude::*;
 
     fn ms(s: &str) -> Result<Duration, LockError> {

@@ -4,7 +4,6 @@
 
 use std::fmt::Write as _;
 use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
@@ -515,16 +514,7 @@ pub fn write_all(r: &Report, dir: &Path) -> Result<(), String> {
 
 /// Now, as `YYYY-MM-DD HH:MM UTC`.
 pub fn utc_now() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs()) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (y, m, d) = crate::clock::civil(days);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
-        rem / 3600,
-        rem % 3600 / 60
-    )
+    crate::clock::utc_minute_now()
 }
 
 /// CPU model, cores, memory and kernel, from /proc.

@@ -76,21 +76,7 @@ pub(crate) fn status_code(dir: &Path, url: Option<&str>, name: &str) -> Option<i
 /// Starts `hold NAME` with stdin kept open; returns it and the fencing
 /// token it printed.
 pub(crate) fn start_hold(dir: &Path, url: Option<&str>, name: &str) -> (Child, u64) {
-    let mut child = polylock(dir, url)
-        .args(["hold", name])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn hold");
-    let stdout: ChildStdout = child.stdout.take().unwrap();
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let fence = line
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("hold printed {line:?}"));
-    (child, fence)
+    start_hold_with(dir, url, name, &[])
 }
 
 /// `hold` takes the lock (status says held), prints a fence, and releases

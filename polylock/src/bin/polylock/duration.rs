@@ -2,9 +2,9 @@
 //! ([`polylock::duration`]: `500ms`, `1.5s`, `2m`, `1h`, `1m30s`), with a
 //! bare number in seconds (`--ttl 30` is 30 s), as it always was here.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use polylock::duration::BareNumber;
+use polylock::duration::{BareNumber, UtcTime};
 use polylock::LockError;
 
 /// Parses `s`; the error says what is accepted.
@@ -29,38 +29,11 @@ pub(crate) fn show(d: Duration) -> String {
 /// `t` as a UTC date and time to the second (`2026-12-01 15:04:05 UTC`),
 /// and how long ago that was by this host's clock.
 pub(crate) fn show_time(t: SystemTime) -> String {
-    let (secs, ago) = match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => (d.as_secs(), SystemTime::now().duration_since(t).ok()),
-        Err(_) => return "before 1970 (a wrong clock)".into(),
-    };
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil_from_days(days);
-    let when = format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    );
-    match ago {
-        Some(ago) => format!("{when} ({} ago)", show(ago)),
-        None => format!("{when} (in the future by this host's clock)"),
+    let when = UtcTime::from_system_time(t);
+    match SystemTime::now().duration_since(t) {
+        Ok(ago) => format!("{when} ({} ago)", show(ago)),
+        Err(_) => format!("{when} (in the future by this host's clock)"),
     }
-}
-
-/// Year, month, day of the `days`-th day after 1970-01-01 in the proleptic
-/// Gregorian calendar (the era-based conversion: 400-year eras of 146,097
-/// days, years starting in March so the leap day ends the year).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
 }
 
 #[cfg(test)]
@@ -86,7 +59,7 @@ mod tests {
 
     #[test]
     fn shows_utc_dates() {
-        let at = |s: u64| show_time(UNIX_EPOCH + Duration::from_secs(s));
+        let at = |s: u64| show_time(std::time::UNIX_EPOCH + Duration::from_secs(s));
         assert!(at(0).starts_with("1970-01-01 00:00:00 UTC"), "{}", at(0));
         // 2000-02-29 (a leap day in a year divisible by 400), 12:34:56.
         assert!(
