@@ -145,8 +145,17 @@ fn status_of_a_migration_lock_shows_both_sides() {
 
     // A legacy-only client holds it: only the legacy side is held.
     let legacy = rt.block_on(polylock::connect(&redis.url())).unwrap();
+    let described = |command: &str| {
+        polylock::HolderMeta::new("host-a", 4242, command, std::time::SystemTime::now())
+    };
     let g = rt
-        .block_on(legacy.lock("report").ttl(Duration::from_secs(30)).acquire())
+        .block_on(
+            legacy
+                .lock("report")
+                .ttl(Duration::from_secs(30))
+                .holder_meta(described("legacy-service"))
+                .acquire(),
+        )
         .unwrap();
     let s = text(&status("report").stdout);
     let lines: Vec<_> = s.lines().collect();
@@ -160,13 +169,49 @@ fn status_of_a_migration_lock_shows_both_sides() {
             .any(|l| l.starts_with("  target (etcd://") && l.ends_with("free")),
         "{s}"
     );
-    assert!(s.contains("legacy side only: a legacy-only client"), "{s}");
+    assert!(
+        s.contains("legacy side only: a legacy-only client holds it (pid 4242 on host-a)"),
+        "{s}"
+    );
+    assert!(s.contains("command:       legacy-service"), "{s}");
+    // Meanwhile a `target` client holds the target lock: two clients, a
+    // mixed fleet, named as such.
+    let target = rt
+        .block_on(polylock::connect(&format!("etcd://{}", etcd.addr())))
+        .unwrap();
+    let t = rt
+        .block_on(
+            target
+                .lock("report")
+                .ttl(Duration::from_secs(30))
+                .holder_meta(polylock::HolderMeta::new(
+                    "host-b",
+                    7,
+                    "target-service",
+                    std::time::SystemTime::now(),
+                ))
+                .acquire(),
+        )
+        .unwrap();
+    let s = text(&status("report").stdout);
+    assert!(
+        s.contains(
+            "WARNING: two clients hold the two sides (legacy: pid 4242 on host-a; target: pid 7 on host-b)"
+        ),
+        "{s}"
+    );
+    rt.block_on(t.release()).unwrap();
     rt.block_on(g.release()).unwrap();
 
     // A `both` client: both sides held, the target's fence shown.
     let both = rt.block_on(polylock::connect(&url)).unwrap();
     let g = rt
-        .block_on(both.lock("report").ttl(Duration::from_secs(30)).acquire())
+        .block_on(
+            both.lock("report")
+                .ttl(Duration::from_secs(30))
+                .holder_meta(described("both-service"))
+                .acquire(),
+        )
         .unwrap();
     let o = status("report");
     assert_eq!(o.status.code(), Some(0));
@@ -178,6 +223,10 @@ fn status_of_a_migration_lock_shows_both_sides() {
     let target_at = s.find("  target (etcd://").expect(&s);
     assert!(s[..target_at].contains("held by"), "{s}");
     assert!(!s.contains("legacy side only"), "{s}");
+    assert!(
+        s.contains("both sides held by one `both` client (pid 4242 on host-a)"),
+        "{s}"
+    );
     assert!(
         s[target_at..].contains(&format!("fencing token: {}", g.fence())),
         "{s}"

@@ -120,13 +120,37 @@ pub(crate) async fn status_migrate(url: &str, name: &str) -> Result<u8, Failure>
         print_queue(waiters, &wake_mode, "    ");
     }
     // Holder identities are each backend's own (a Redis value, an etcd key,
-    // a ZooKeeper node), so the two sides cannot be matched by owner; what
-    // the operator needs is whether the legacy side is held alone.
-    if sides.legacy.is_some() && sides.target.is_none() {
-        println!(
-            "  legacy side only: a legacy-only client holds it (or a `both` client between \
-             its two steps, for milliseconds)"
-        );
+    // a ZooKeeper node), so the two sides are matched by the holder's
+    // description instead: a `both` client stores the same one on both.
+    let meta = |side: &Option<HolderInfo>| side.as_ref().and_then(|h| h.meta.clone());
+    match (&sides.legacy, &sides.target) {
+        (Some(_), None) => println!(
+            "  legacy side only: a legacy-only client holds it{} (or a `both` client between \
+             its two steps, for milliseconds)",
+            meta(&sides.legacy).map_or(String::new(), |m| format!(
+                " (pid {} on {})",
+                m.pid,
+                shown(&m.host)
+            ))
+        ),
+        (Some(_), Some(_)) => match (meta(&sides.legacy), meta(&sides.target)) {
+            (Some(l), Some(t)) if l == t => println!(
+                "  both sides held by one `both` client (pid {} on {})",
+                t.pid,
+                shown(&t.host)
+            ),
+            (Some(l), Some(t)) => println!(
+                "  WARNING: two clients hold the two sides (legacy: pid {} on {}; target: pid {} \
+                 on {}): a legacy-only and a `target` client do not exclude each other; \
+                 every service must be in `both` before any moves to `target`",
+                l.pid,
+                shown(&l.host),
+                t.pid,
+                shown(&t.host)
+            ),
+            _ => {}
+        },
+        _ => {}
     }
     Ok(if sides.legacy.is_none() && sides.target.is_none() {
         exit::FREE
