@@ -80,7 +80,10 @@ impl FakeClock {
     pub fn env(&self) -> Vec<(OsString, OsString)> {
         [
             ("LD_PRELOAD", OsString::from(LIBFAKETIME)),
-            ("FAKETIME_TIMESTAMP_FILE", self.file.clone().into_os_string()),
+            (
+                "FAKETIME_TIMESTAMP_FILE",
+                self.file.clone().into_os_string(),
+            ),
             ("FAKETIME_NO_CACHE", "1".into()),
             ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
         ]

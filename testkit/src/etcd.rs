@@ -254,7 +254,10 @@ fn maintenance_status(addr: SocketAddr) -> std::result::Result<String, String> {
         .split_once("\r\n\r\n")
         .ok_or_else(|| format!("no HTTP reply from {addr}: {text:?}"))?;
     if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
-        return Err(format!("maintenance status on {addr}: {}", head.lines().next().unwrap_or("")));
+        return Err(format!(
+            "maintenance status on {addr}: {}",
+            head.lines().next().unwrap_or("")
+        ));
     }
     Ok(body.to_owned())
 }
