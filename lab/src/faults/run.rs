@@ -225,6 +225,11 @@ pub async fn run(config: &Config) -> Result<Report, String> {
 /// A generous bound on one scenario, so a wedged server cannot hang the run.
 const SCENARIO_LIMIT: Duration = Duration::from_secs(240);
 
+/// One cell: on `target`, or on a deployment of its own where the scenario
+/// wants the servers on a faked clock.
+///
+/// # Cancel safety
+/// Not cancel safe, as [`run`].
 async fn run_cell(target: &Target, s: &Scenario, config: &Config) -> Cell {
     let t0 = Instant::now();
     let mut cell = Cell {
@@ -270,6 +275,11 @@ async fn run_cell(target: &Target, s: &Scenario, config: &Config) -> Cell {
     cell
 }
 
+/// Runs `s` on `target` and fills `cell`'s outcome, events and checks.
+///
+/// # Cancel safety
+/// Not cancel safe, as [`run`]: the clients are killed when dropped, but
+/// the cell is left half filled.
 async fn run_on(target: &Target, s: &Scenario, config: &Config, cell: &mut Cell) {
     if let Err(why) = s.applies(target) {
         cell.outcome = Outcome::NotApplicable(why);

@@ -544,6 +544,10 @@ impl<'a> Ctx<'a> {
 
     /// Kills `victims` for twice the TTL, then restarts them; the fault's
     /// marks name them.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a dropped call may leave the victims down until the
+    /// target is dropped.
     async fn lose_for_two_ttls(
         &self,
         victims: &[&'a testkit::ServerProcess],
