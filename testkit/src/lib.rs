@@ -22,6 +22,7 @@
 //! [`Proxy`] sits between a client and a server to delay, blackhole or reset
 //! the traffic.
 
+mod clock;
 mod error;
 mod etcd;
 mod mariadb;
@@ -34,6 +35,7 @@ mod redis_cluster;
 pub mod register;
 mod zookeeper;
 
+pub use clock::{FakeClock, LIBFAKETIME};
 pub use error::{Error, Result};
 pub use etcd::{EtcdCluster, EtcdMember, EtcdServer};
 pub use mariadb::MariaDbServer;
@@ -65,6 +67,7 @@ mod send_sync {
         assert_send_sync::<MariaDbServer>();
         assert_send_sync::<ServerProcess>();
         assert_send_sync::<Proxy>();
+        assert_send_sync::<FakeClock>();
         assert_send_sync::<Error>();
     }
 }

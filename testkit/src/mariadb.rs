@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use nix::unistd::Uid;
 
+use crate::clock::FakeClock;
 use crate::error::{Error, Result};
 use crate::ports::try_free_port;
 use crate::process::{find_binary, server_controls, tcp_exchange, CommandSpec, ServerProcess};
@@ -44,6 +45,17 @@ impl MariaDbServer {
     /// Runs `mariadb-install-db`, starts `mariadbd`, waits until it sends
     /// its handshake, and creates the `polylock` database and user.
     pub fn start() -> Result<MariaDbServer> {
+        Self::start_inner(None)
+    }
+
+    /// Like [`start`](Self::start), with `mariadbd` on `clock`'s wall
+    /// clock (`NOW()`, `UTC_TIMESTAMP()`), which the SQL backend judges
+    /// expiry by.
+    pub fn start_with_clock(clock: &FakeClock) -> Result<MariaDbServer> {
+        Self::start_inner(Some(clock))
+    }
+
+    fn start_inner(clock: Option<&FakeClock>) -> Result<MariaDbServer> {
         let install_db = find_binary("mariadb-install-db", "mariadb-server", &[])?;
         let mariadbd = find_binary("mariadbd", "mariadb-server", &[])?;
         let client = find_binary("mariadb", "mariadb-client", &[])?;
@@ -96,6 +108,7 @@ impl MariaDbServer {
                 "--innodb-flush-log-at-trx-commit=2",
                 "--max-connections=500",
             ])
+            .envs(clock.map(FakeClock::env).unwrap_or_default())
             .cwd(dir.path());
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         let process = ServerProcess::start(

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use nix::unistd::{Uid, User};
 
+use crate::clock::FakeClock;
 use crate::error::{Error, Result};
 use crate::ports::try_free_port;
 use crate::process::{find_binary, run_with_timeout, server_controls, CommandSpec, ServerProcess};
@@ -44,17 +45,24 @@ impl PostgresServer {
     /// Runs `initdb`, starts `postgres`, waits until `pg_isready` says it
     /// accepts connections, and creates the `polylock` role and database.
     pub fn start() -> Result<PostgresServer> {
-        Self::start_inner(false)
+        Self::start_inner(false, None)
+    }
+
+    /// Like [`start`](Self::start), with the postmaster and every backend
+    /// on `clock`'s wall clock (`now()`, `clock_timestamp()`), which the
+    /// SQL backend judges expiry by.
+    pub fn start_with_clock(clock: &FakeClock) -> Result<PostgresServer> {
+        Self::start_inner(false, Some(clock))
     }
 
     /// Like [`start`](Self::start), with TLS on: a self-signed certificate
     /// made by `openssl` for `localhost`/127.0.0.1. Clients may connect with
     /// or without TLS (`sslmode=require` makes it mandatory on their side).
     pub fn start_with_tls() -> Result<PostgresServer> {
-        Self::start_inner(true)
+        Self::start_inner(true, None)
     }
 
-    fn start_inner(tls: bool) -> Result<PostgresServer> {
+    fn start_inner(tls: bool, clock: Option<&FakeClock>) -> Result<PostgresServer> {
         let bin_dirs = versioned_bin_dirs();
         let initdb = find_binary("initdb", "postgresql", &bin_dirs)?;
         let postgres = find_binary("postgres", "postgresql", &bin_dirs)?;
@@ -115,6 +123,7 @@ impl PostgresServer {
             .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
             .args(["-c", "max_connections=200", "-c", "logging_collector=off"])
             .args(&tls_args)
+            .envs(clock.map(FakeClock::env).unwrap_or_default())
             .user(os_user)
             .cwd(dir.path());
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));

@@ -130,6 +130,8 @@ pub(crate) struct CommandSpec {
     args: Vec<OsString>,
     cwd: Option<PathBuf>,
     user: Option<(u32, u32)>,
+    /// Set after the environment is cleared (a faked clock's variables).
+    envs: Vec<(OsString, OsString)>,
 }
 
 impl CommandSpec {
@@ -139,7 +141,22 @@ impl CommandSpec {
             args: Vec::new(),
             cwd: None,
             user: None,
+            envs: Vec::new(),
         }
+    }
+
+    /// Adds environment variables, kept across restarts.
+    pub(crate) fn envs<I, K, V>(mut self, vars: I) -> Self
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<OsStr>,
+        V: AsRef<OsStr>,
+    {
+        self.envs.extend(
+            vars.into_iter()
+                .map(|(k, v)| (k.as_ref().to_owned(), v.as_ref().to_owned())),
+        );
+        self
     }
 
     pub(crate) fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
@@ -190,6 +207,7 @@ impl CommandSpec {
         cmd.args(&self.args)
             .env_clear()
             .env("PATH", child_path())
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .process_group(0);
         if let Some(dir) = &self.cwd {
             cmd.current_dir(dir);

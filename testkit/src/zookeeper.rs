@@ -4,6 +4,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::clock::FakeClock;
 use crate::error::{Error, Result};
 use crate::ports::try_free_port;
 use crate::process::{
@@ -41,9 +42,20 @@ server_controls!(ZooKeeperServer, process);
 impl ZooKeeperServer {
     /// Starts the server and waits until `srvr` reports a mode.
     pub fn start() -> Result<ZooKeeperServer> {
+        Self::start_inner(None)
+    }
+
+    /// Like [`start`](Self::start), with the JVM's wall clock on `clock`
+    /// (its monotonic clock, `System.nanoTime`, is left alone).
+    pub fn start_with_clock(clock: &FakeClock) -> Result<ZooKeeperServer> {
+        Self::start_inner(Some(clock))
+    }
+
+    fn start_inner(clock: Option<&FakeClock>) -> Result<ZooKeeperServer> {
         let port = try_free_port()?;
         let dir = temp_dir()?;
-        let spec = server_spec(dir.path(), port, None, STANDALONE_MAIN)?;
+        let spec = server_spec(dir.path(), port, None, STANDALONE_MAIN)?
+            .envs(clock.map(FakeClock::env).unwrap_or_default());
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         let process = ServerProcess::start(
             format!("ZooKeeper on {addr}"),

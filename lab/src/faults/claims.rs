@@ -215,9 +215,28 @@ pub fn check(
                 format!("{} overlaps", obs.overlaps),
             );
         }
-        // The declared table names a forward step as what expires leases
-        // early: only fencing is claimed, and checked above.
+        // Where a wall clock judges expiry, the declared table names a
+        // forward step as what expires leases early: only fencing is
+        // claimed, and checked above. A monotonic lease timer must not
+        // notice the step at all.
+        Kind::ClockStep if !g.expiry_clock.is_wall_clock() => {
+            push(
+                "a wall-clock step lets no second holder in (expiry on a monotonic timer)".into(),
+                obs.overlaps == 0 && obs.overlaps_after_lost == 0,
+                format!(
+                    "{} overlaps, {} after the lost signal",
+                    obs.overlaps, obs.overlaps_after_lost
+                ),
+            );
+        }
         Kind::ClockStep => {}
+        Kind::FollowerLoss => {
+            push(
+                "losing a follower lets no second holder in".into(),
+                obs.overlaps == 0,
+                format!("{} overlaps", obs.overlaps),
+            );
+        }
         Kind::FenceEvicted => {
             // Checked whatever the fencing check above skipped: the
             // counter is reseeded from the server's clock, so the next
@@ -281,6 +300,49 @@ mod tests {
                 s.id
             );
         }
+    }
+
+    #[test]
+    fn an_overlap_after_a_wall_clock_step_contradicts_a_monotonic_lease_timer_only() {
+        let step = SCENARIOS
+            .iter()
+            .find(|s| s.kind == Kind::ClockStep)
+            .unwrap();
+        let obs = Observation {
+            overlaps: 1,
+            ..Observation::default()
+        };
+        let mut g = strict();
+        g.expiry_clock = lock_core::ExpiryClock::Consensus;
+        let checks = check("x", &g, step, &obs, Duration::from_secs(2));
+        assert!(
+            checks
+                .iter()
+                .any(|c| !c.ok && c.judged && c.claim.starts_with("a wall-clock step")),
+            "{checks:?}"
+        );
+        // Where the server's wall clock judges expiry, the step is declared
+        // to let the next holder in: only fencing is claimed.
+        g.expiry_clock = lock_core::ExpiryClock::Server;
+        let checks = check("x", &g, step, &obs, Duration::from_secs(2));
+        assert!(checks.iter().all(|c| c.ok), "{checks:?}");
+    }
+
+    #[test]
+    fn an_overlap_when_a_follower_dies_contradicts_the_group() {
+        let loss = SCENARIOS
+            .iter()
+            .find(|s| s.kind == Kind::FollowerLoss)
+            .unwrap();
+        let obs = Observation {
+            overlaps: 1,
+            ..Observation::default()
+        };
+        let checks = check("x", &strict(), loss, &obs, Duration::from_secs(2));
+        assert!(
+            checks.iter().any(|c| !c.ok && c.claim.contains("follower")),
+            "{checks:?}"
+        );
     }
 
     #[test]

