@@ -40,6 +40,27 @@ fn grant_detail(obs: &Observation) -> String {
     )
 }
 
+/// How far ahead of the end of `a`'s lease `b` may be granted and still
+/// count as on time: the register stamps a renewal's report on arrival
+/// (milliseconds after the client measured it), and a lock service's clock
+/// may run up to the declared 1% drift fast.
+const EARLY_SLACK_MS: i64 = 50;
+
+/// `b` was not let in before `a`'s lease (as its last request allowed)
+/// could have run out; no grant, or a release first, is not early either.
+fn not_early(obs: &Observation) -> bool {
+    let slack = EARLY_SLACK_MS.max(obs.granted_ttl_ms.map_or(0, |t| (t / 100) as i64));
+    obs.early_expiry_ms.is_none_or(|e| e <= slack)
+}
+
+fn early_detail(obs: &Observation) -> String {
+    match obs.early_expiry_ms {
+        Some(e) if e > 0 => format!("b granted {e} ms before a's lease end"),
+        Some(e) => format!("b granted {} ms after a's lease end", -e),
+        None => "b not granted while a held".into(),
+    }
+}
+
 /// The checks of one observation. `ttl` is the TTL the clients asked for.
 pub fn check(
     backend: &'static str,
@@ -109,12 +130,22 @@ pub fn check(
                     obs.release.as_deref().unwrap_or("nothing")
                 ),
             );
+            push(
+                "a paused holder's lease is not expired early".into(),
+                not_early(obs),
+                early_detail(obs),
+            );
             if !handed_over {
                 unjudged.push("fencing stops the paused holder's late write");
                 unjudged.push("release reports a lease lost during the pause");
             }
         }
         Kind::ClientKill => {
+            push(
+                "a killed holder's lease is not expired early".into(),
+                not_early(obs),
+                early_detail(obs),
+            );
             push(
                 "a killed holder never overlaps the next one".into(),
                 obs.overlaps == 0,

@@ -106,18 +106,20 @@ pub async fn run(spec: ClientSpec) -> Result<(), String> {
         wire.call(
             "NOTE",
             &format!(
-                "granted ttl_ms={} deadline_in_ms={}",
+                "granted ttl_ms={} deadline_in_ms={} sent_ago_ms={}",
                 lease.ttl().as_millis(),
                 lease
                     .deadline()
                     .saturating_duration_since(Instant::now())
-                    .as_millis()
+                    .as_millis(),
+                lease.sent_at().elapsed().as_millis()
             ),
         )
         .await
         .map_err(io("NOTE"))?;
         let guard = Arc::new(guard);
         let watcher = tokio::spawn(report_lost(Arc::clone(&guard), Arc::clone(&lost_wire)));
+        let renewals = tokio::spawn(report_renewals(Arc::clone(&guard), Arc::clone(&lost_wire)));
 
         wire.call("ENTER", &token.to_string())
             .await
@@ -132,6 +134,8 @@ pub async fn run(spec: ClientSpec) -> Result<(), String> {
         wire.write(token).await.map_err(io("WRITE"))?;
         wire.call("EXIT", "").await.map_err(io("EXIT"))?;
 
+        renewals.abort();
+        let _ = renewals.await;
         // Releasing fires the lost signal too: stop watching first unless
         // the loss already happened, in which case let the watcher report it.
         if guard.is_held() {
@@ -153,6 +157,26 @@ fn release_outcome(r: Result<(), LockError>) -> &'static str {
         Err(e) => {
             eprintln!("release failed: {e}");
             "error"
+        }
+    }
+}
+
+/// Reports each renewal the watchdog makes (`NOTE renewed sent_ago_ms=N`:
+/// its request went out N ms before the note), so the analysis knows the
+/// last instant `a`'s lease was extended from and can tell whether the
+/// server let `b` in before that instant + TTL (an early expiry). Checked
+/// every twentieth of the TTL: a renewal is reported late, never early, so
+/// an early expiry can be underestimated, never invented.
+async fn report_renewals(guard: Arc<LockGuard>, wire: Arc<Mutex<Wire>>) {
+    let mut last = guard.lease().sent_at();
+    let every = (guard.lease().ttl() / 20).max(std::time::Duration::from_millis(5));
+    while guard.is_held() {
+        tokio::time::sleep(every).await;
+        let sent = guard.lease().sent_at();
+        if sent != last {
+            last = sent;
+            let note = format!("renewed sent_ago_ms={}", sent.elapsed().as_millis());
+            let _ = wire.lock().await.call("NOTE", &note).await;
         }
     }
 }

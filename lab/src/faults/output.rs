@@ -102,6 +102,10 @@ highest it has accepted. In each cell:
   signal against `a`'s local lease deadline (+ after it).
 - **next grant**: time from the fault's start to `b`'s grant (and from the
   fault's end, for faults that last).
+- **server expired a … early / kept a's lease**: `b`'s grant against the
+  end of `a`'s lease as its last grant or renewal request allowed (that
+  request's send time + TTL, both on the register's clock): whether the lock
+  service let `b` in before `a`'s lease could have run out.
 - **release**: what `a`'s `release()` reported.
 
 Columns are deployments of the backends in the declared table: `redis-aof`
@@ -194,6 +198,16 @@ fn cell_text(cell: &Cell) -> String {
                 Some(t) => format!("next grant {}", secs(t)),
                 None => "no next grant".into(),
             });
+            match o.early_expiry_ms {
+                Some(early) if early > 0 => {
+                    parts.push(format!("**server expired a {} early**", secs(early as u64)))
+                }
+                Some(early) => parts.push(format!(
+                    "server kept a's lease (b {} after its end)",
+                    secs(early.unsigned_abs())
+                )),
+                None => {}
+            }
             if let Some(r) = &o.release {
                 parts.push(format!("release: {r}"));
             }
@@ -472,6 +486,7 @@ fn observation_json(o: &Observation) -> Value {
         "release": o.release,
         "lost_before_release": o.lost_before_release,
         "granted_ttl_ms": o.granted_ttl_ms,
+        "early_expiry_ms": o.early_expiry_ms,
     })
 }
 

@@ -917,6 +917,12 @@ pub struct Observation {
     pub lost_before_release: bool,
     /// The TTL `a` was granted, ms.
     pub granted_ttl_ms: Option<u64>,
+    /// How much earlier than `a`'s lease allowed the lock service let `b`
+    /// in: `a`'s last grant or renewal request's send time + its TTL, minus
+    /// `b`'s grant, ms (positive: the server expired `a`'s lease early;
+    /// negative: on time, by that margin). `None` when `a` released first
+    /// or `b` was never granted.
+    pub early_expiry_ms: Option<i64>,
     /// The fault's start on the register's clock, ms.
     pub fault_start_ms: u64,
     /// The fault's end on the register's clock, ms.
@@ -944,6 +950,37 @@ fn note_value<T: std::str::FromStr>(events: &[Event], id: &str, key: &str) -> Op
             .and_then(|v| v.parse().ok()),
         _ => None,
     })
+}
+
+/// `a`'s lease end by its last request sent before `b`'s grant at
+/// `granted` (the `sent_ago_ms` of its `granted` and `renewed` notes, on the
+/// register's clock) against that grant; `None` if `a` released before.
+fn early_expiry_ms(events: &[Event], granted: Duration) -> Option<i64> {
+    let before = |e: &&Event| e.client == "a" && e.at <= granted;
+    if events
+        .iter()
+        .filter(before)
+        .any(|e| matches!(e.kind, EventKind::Release(_)))
+    {
+        return None;
+    }
+    let ttl = Duration::from_millis(note_value(events, "a", "ttl_ms")?);
+    let last_sent = events
+        .iter()
+        .filter(before)
+        .filter_map(|e| match &e.kind {
+            EventKind::Note(text) if text.starts_with("granted") || text.starts_with("renewed") => {
+                let ago: u64 = text
+                    .split_whitespace()
+                    .find_map(|w| w.strip_prefix("sent_ago_ms="))?
+                    .parse()
+                    .ok()?;
+                e.at.checked_sub(Duration::from_millis(ago))
+            }
+            _ => None,
+        })
+        .max()?;
+    Some(signed_ms(last_sent + ttl, granted))
 }
 
 /// The observation over a scenario's events.
@@ -1000,6 +1037,7 @@ pub fn analyse(events: &[Event], window: Window) -> Observation {
         release,
         lost_before_release,
         granted_ttl_ms: note_value(events, "a", "ttl_ms"),
+        early_expiry_ms: grant.and_then(|g| early_expiry_ms(events, g)),
         fault_start_ms: ms(window.fault_start),
         fault_end_ms: ms(window.fault_end),
     }
@@ -1082,5 +1120,35 @@ mod tests {
         told.sort_by_key(|e| e.at);
         let o = analyse(&told, window);
         assert_eq!((o.overlaps, o.overlaps_after_lost), (0, 1));
+    }
+
+    #[test]
+    fn an_early_expiry_is_measured_from_the_last_renewal_sent() {
+        let window = Window {
+            fault_start: Duration::from_millis(100),
+            fault_end: Duration::from_millis(200),
+        };
+        let note = |at, text: &str| ev(at, "a", EventKind::Note(text.into()));
+        let events = |b_at| {
+            vec![
+                ev(10, "a", EventKind::Grant(Some(1))),
+                note(12, "granted ttl_ms=2000 deadline_in_ms=1950 sent_ago_ms=7"),
+                // A renewal sent at 700 - 40 = 660 ms.
+                note(700, "renewed sent_ago_ms=40"),
+                ev(b_at, "b", EventKind::Grant(Some(2))),
+            ]
+        };
+        // b let in at 1000 ms: a's lease ran to 660 + 2000 = 2660 ms.
+        assert_eq!(analyse(&events(1000), window).early_expiry_ms, Some(1660));
+        // b let in at 3000 ms: on time, with 340 ms to spare.
+        assert_eq!(analyse(&events(3000), window).early_expiry_ms, Some(-340));
+        // A renewal reported after b's grant does not count.
+        let mut late = events(1000);
+        late.push(note(1500, "renewed sent_ago_ms=900"));
+        assert_eq!(analyse(&late, window).early_expiry_ms, Some(1660));
+        // a released first: a hand-over, not an expiry.
+        let mut released = events(3000);
+        released.insert(3, ev(900, "a", EventKind::Release("ok".into())));
+        assert_eq!(analyse(&released, window).early_expiry_ms, None);
     }
 }
