@@ -50,7 +50,7 @@ const EARLY_SLACK_MS: i64 = 50;
 /// could have run out; no grant, or a release first, is not early either.
 fn not_early(obs: &Observation) -> bool {
     let slack = EARLY_SLACK_MS.max(obs.granted_ttl_ms.map_or(0, |t| (t / 100) as i64));
-    obs.early_expiry_ms.is_none_or(|e| e <= slack)
+    obs.early_expiry_ms.map_or(true, |e| e <= slack)
 }
 
 fn early_detail(obs: &Observation) -> String {

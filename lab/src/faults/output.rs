@@ -298,7 +298,7 @@ pub fn markdown(report: &Report, stamp: &str) -> String {
         .cells
         .iter()
         .filter_map(|c| match &c.outcome {
-            Outcome::Observed(o, _) if o.overlaps > 0 || o.stale_accepted > 0 => Some((c, o)),
+            Outcome::Observed(o, _) if o.overlaps > 0 || o.stale_accepted > 0 => Some((c, &**o)),
             _ => None,
         })
         .collect();
@@ -770,7 +770,7 @@ mod tests {
                 backend: "x",
                 scenario,
                 outcome: Outcome::Observed(
-                    Observation::default(),
+                    Box::default(),
                     Window {
                         fault_start: Duration::ZERO,
                         fault_end: Duration::from_secs(17),

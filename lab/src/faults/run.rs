@@ -35,7 +35,7 @@ pub enum Outcome {
     /// did not come back): an error of the run.
     Failed(String),
     /// What was observed.
-    Observed(Observation, Window),
+    Observed(Box<Observation>, Window),
 }
 
 /// One cell of the observed table.
@@ -308,7 +308,7 @@ async fn run_on(target: &Target, s: &Scenario, config: &Config, cell: &mut Cell)
             let obs = analyse(&cell.events, window);
             cell.checks =
                 claims::check(target.label(), target.guarantees(), s, &obs, s.ttl(target));
-            Outcome::Observed(obs, window)
+            Outcome::Observed(Box::new(obs), window)
         }
         Err(e) => Outcome::Failed(format!("{e}{}", log_hint(&config.log_dir))),
     };
