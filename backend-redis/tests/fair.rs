@@ -146,6 +146,14 @@ async fn a_try_never_jumps_the_queue_and_a_crashed_waiter_leaves_it_by_its_deadl
     assert!(client.acquire(&req(&n, TTL)).await.unwrap().is_none());
     assert_eq!(client.inspect(&n).await.unwrap(), None, "the lock is free");
     assert_eq!(queued(&client, &n).await, 1, "tries never join the queue");
+    // A polylock client without fair mode does not know the queue.
+    let unfair = backend(&format!("{}/0", srv.url())).await;
+    let lease = unfair
+        .try_acquire(&req(&n, TTL))
+        .await
+        .unwrap()
+        .expect("a client without fair=true takes the free lock");
+    unfair.release(&lease).await.unwrap();
     let lease = client
         .acquire(&wait_req(&n, TTL, Duration::from_secs(30)))
         .await

@@ -72,9 +72,8 @@ pub fn verdicts(r: &Report) -> Vec<Verdict> {
     if let Some(c) =
         find(r, "redis-fair").and_then(|b| b.contention.iter().find(|c| c.hold_ms == 1))
     {
-        let ok = c.acquisitions_per_s >= 850.0
-            && c.wait.p99_us < 20_000.0
-            && c.wait.max_us < 50_000.0;
+        let ok =
+            c.acquisitions_per_s >= 850.0 && c.wait.p99_us < 20_000.0 && c.wait.max_us < 50_000.0;
         v.push(verdict(
             "redis fair mode (?fair=true), 8 workers, hold 1 ms: >= 850 acq/s, wait p99 < 20 ms, max < 50 ms",
             format!(
