@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::config::{Algorithm, Format, RedisConfig};
 use crate::conn::{client_for, Link};
 use crate::errors::{connect_error, to_lock_error, Fail, RedisFailure, BACKEND};
-use crate::format::{all_scripts, Layout, LockKeys, FORCE_RELEASE, RELEASE_MESSAGE};
+use crate::format::{all_scripts, Layout, LockKeys, FAIR, FORCE_RELEASE, RELEASE_MESSAGE};
 use crate::nodes::{Follower, Nodes};
 use crate::wait::{wake_up, ForeignWake, Subscriber};
 
@@ -32,6 +32,20 @@ const SUBSCRIBED_BACKOFF: Backoff = Backoff {
     initial: Duration::from_millis(50),
     max: Duration::from_millis(500),
 };
+
+/// Fallback polling of a fair-mode waiter: each attempt also pushes its
+/// queue entry's deadline on, so the longest pause stays far below
+/// [`MIN_QUEUE_ENTRY_LIFE`].
+const FAIR_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(50),
+    max: Duration::from_millis(300),
+};
+
+/// The shortest life of a fair-mode queue entry between two attempts of
+/// its waiter; it is twice the operation timeout when that is longer, so a
+/// slow reply does not cost a live waiter its place. A crashed waiter
+/// holds up the queue this long at most.
+const MIN_QUEUE_ENTRY_LIFE: Duration = Duration::from_secs(2);
 
 /// Polling for a foreign holder's release when the server sends no
 /// keyspace events: it announces nothing, so this is the hand-off delay.
@@ -90,6 +104,16 @@ pub fn guarantees(algorithm: Algorithm) -> Guarantees {
     g.holder_meta = true;
     g.list = true;
     g.counts_waiters = true;
+    g
+}
+
+/// What a Redis lock backend with `config` promises: [`guarantees`] of a
+/// single instance, and with `fair=true` ([`RedisConfig::fair`]) waiters
+/// served in arrival order (`fair_fifo`), among polylock clients in fair
+/// mode; waiter counts are then the live entries of the lock's queue.
+pub fn guarantees_for(config: &RedisConfig) -> Guarantees {
+    let mut g = guarantees(Algorithm::SingleInstance);
+    g.fair_fifo = config.fair;
     g
 }
 
@@ -325,8 +349,14 @@ impl RedisBackend {
         )
     }
 
-    /// One acquire attempt, keeping what a waiter needs to know.
-    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt, LockError> {
+    /// One acquire attempt, keeping what a waiter needs to know. In fair
+    /// mode `waiter` is the attempt's queue entry and whether a refused
+    /// attempt joins (or stays in) the queue.
+    async fn attempt(
+        &self,
+        req: &AcquireRequest,
+        waiter: Option<(&str, bool)>,
+    ) -> Result<Attempt, LockError> {
         let keys = self.keys(&req.name)?;
         let (ttl, ttl_ms) = self.guarantees().granted_ttl(req.ttl, PX_UNIT);
         let scripts = self.inner.layout.scripts();
@@ -338,12 +368,26 @@ impl RedisBackend {
             .as_ref()
             .map(HolderMeta::encode)
             .unwrap_or_default();
-        let mut inv = scripts.acquire.prepare_invoke();
+        let mut inv = match waiter {
+            Some(_) => FAIR.acquire.prepare_invoke(),
+            None => scripts.acquire.prepare_invoke(),
+        };
         inv.key(&keys.lock).key(&keys.fence);
-        match self.inner.layout.format {
+        match (self.inner.layout.format, waiter) {
+            // Fair mode is plain-format only (refused at parse otherwise).
+            (Format::Plain, Some((id, join))) => inv
+                .key(&keys.queue)
+                .key(&keys.queue_deadlines)
+                .arg(&holder)
+                .arg(ttl_ms)
+                .arg(&meta)
+                .arg(id)
+                .arg(if join { "1" } else { "0" })
+                .arg(self.queue_entry_life().as_millis() as u64)
+                .arg(&keys.wake_prefix),
             // The plain format recognises its own grant by value alone.
-            Format::Plain => inv.arg(&holder).arg(ttl_ms).arg(&meta),
-            Format::Redisson => inv
+            (Format::Plain, None) => inv.arg(&holder).arg(ttl_ms).arg(&meta),
+            (Format::Redisson, _) => inv
                 .key(&keys.bookkeeping)
                 .arg(ttl_ms)
                 .arg(&holder)
@@ -541,6 +585,118 @@ impl RedisBackend {
         f
     }
 
+    /// [`acquire`](LockBackend::acquire) of the plain mode, or in fair mode
+    /// of the queue entry `waiter` (which the first refused attempt joins).
+    async fn wait_for(
+        &self,
+        req: &AcquireRequest,
+        waiter: Option<&str>,
+    ) -> Result<Option<Lease>, LockError> {
+        let deadline = req.wait_deadline();
+        let queued = waiter.map(|id| (id, !req.wait.is_zero()));
+        // When the current holder's lease ends, learned by each attempt, so
+        // the wake-up sleeps no longer than that.
+        let expiry = Arc::new(Mutex::new(None));
+        let expiry_ref = &expiry;
+        let attempt = move || async move {
+            let attempt = self.attempt(req, queued).await;
+            let ends = match &attempt {
+                // +1 ms: the server expires strictly after the TTL.
+                Ok(Attempt::Held {
+                    expires_in: Some(d),
+                }) => Instant::now().checked_add(*d + Duration::from_millis(1)),
+                _ => None,
+            };
+            *expiry_ref.lock().unwrap_or_else(|p| p.into_inner()) = ends;
+            attempt.map(|a| match a {
+                Attempt::Acquired(lease) => Some(lease),
+                Attempt::Held { .. } => None,
+            })
+        };
+        // An uncontended lock costs one round trip and no subscription.
+        match attempt().await {
+            Ok(Some(lease)) => return Ok(Some(lease)),
+            Ok(None) if req.wait.is_zero() => return Ok(None),
+            Err(e) if !e.is_retryable() || req.wait.is_zero() => return Err(e),
+            _ => {}
+        }
+        let keys = self.keys(&req.name)?;
+        let limit = deadline.min(Instant::now() + self.inner.config.timeout);
+        let mut subs = Vec::with_capacity(3);
+        let (sub, mut subscribed) = match waiter {
+            None => self.inner.subscriber.subscribe(&keys.channel, limit).await,
+            Some(id) => {
+                // The waiter's own channel, on which a fair releaser wakes
+                // it alone; the lock's channel still carries releases with
+                // nobody queued and forced ones.
+                let own = format!("{}{id}", keys.wake_prefix);
+                let ((own, own_ok), (sub, ok)) = futures::join!(
+                    self.inner.subscriber.subscribe(&own, limit),
+                    self.inner.subscriber.subscribe(&keys.channel, limit)
+                );
+                subs.push(own);
+                (sub, own_ok && ok)
+            }
+        };
+        subs.push(sub);
+        let mut follower = None;
+        if self.inner.foreign_wake == ForeignWake::KeyspaceEvents {
+            // A foreign client's release announces itself only this way.
+            let channel = format!("__keyspace@{}__:{}", self.inner.config.db(), keys.lock);
+            match &self.inner.nodes {
+                // Published on the slot owner's node alone: subscribed
+                // there, and followed when the slot moves.
+                Some(nodes) => follower = Some(self.follower(nodes, &keys.lock, channel)),
+                None => {
+                    let (sub, ok) = self.inner.subscriber.subscribe(&channel, limit).await;
+                    subs.push(sub);
+                    subscribed &= ok;
+                }
+            }
+        }
+        // The subscription is live from here on, so the loop's first attempt
+        // (made now) cannot miss a release that came after the one above.
+        let backoff = if !subscribed {
+            tracing::debug!(name = %req.name, "polylock redis: no pub/sub; waiting by polling");
+            Backoff::default()
+        } else if self.inner.foreign_wake == ForeignWake::Polling {
+            FOREIGN_POLL_BACKOFF
+        } else if waiter.is_some() {
+            FAIR_BACKOFF
+        } else {
+            SUBSCRIBED_BACKOFF
+        };
+        let follower = follower.as_deref();
+        acquire_loop(attempt, deadline, backoff, || {
+            wake_up(&subs, follower, &expiry)
+        })
+        .await
+    }
+
+    /// How long a fair-mode queue entry lives after its waiter's last
+    /// attempt.
+    fn queue_entry_life(&self) -> Duration {
+        MIN_QUEUE_ENTRY_LIFE.max(self.inner.config.timeout * 2)
+    }
+
+    /// Takes waiter `id` out of the lock's queue, waking the next waiter
+    /// if `id` was first and the lock is free.
+    async fn leave_queue(&self, keys: &LockKeys, id: &str) -> Result<(), LockError> {
+        let mut inv = FAIR.leave.prepare_invoke();
+        inv.key(&keys.lock)
+            .key(&keys.queue)
+            .key(&keys.queue_deadlines)
+            .arg(id)
+            .arg(&keys.wake_prefix)
+            .arg(&keys.channel);
+        self.inner
+            .link
+            .invoke::<i64>(&inv)
+            .await
+            .map(drop)
+            .map_err(|f| to_lock_error(&self.inner.config, "leaving the queue of waiters", f))
+    }
+
     /// What `inspect` shows for a holder other than polylock.
     fn foreign_holder(&self, value: &str) -> String {
         format!(
@@ -548,6 +704,67 @@ impl RedisBackend {
             foreign_value(value),
             self.inner.foreign_wake.describe()
         )
+    }
+}
+
+/// A fresh fair-mode waiter id: random, so two waiters never share one,
+/// and not derived from the owner token (which never leaves the lease).
+fn new_waiter_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// One `acquire` call's place in a fair lock's queue. Dropped while still
+/// armed (the call was cancelled), it leaves the queue from a spawned task,
+/// best effort: the entry's deadline removes it otherwise.
+struct QueueEntry {
+    backend: RedisBackend,
+    keys: LockKeys,
+    id: String,
+    armed: bool,
+}
+
+impl QueueEntry {
+    fn new(backend: RedisBackend, keys: LockKeys) -> Self {
+        QueueEntry {
+            backend,
+            keys,
+            id: new_waiter_id(),
+            armed: true,
+        }
+    }
+
+    /// The entry is gone already (granted) or was never made.
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    /// Leaves the queue now; a failure leaves it to the entry's deadline.
+    async fn leave(&mut self) {
+        if let Err(e) = self.backend.leave_queue(&self.keys, &self.id).await {
+            tracing::debug!(error = %e, "polylock redis: leaving the queue failed; the entry expires by itself");
+        }
+        self.armed = false;
+    }
+}
+
+impl Drop for QueueEntry {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (backend, keys, id) = (
+            self.backend.clone(),
+            self.keys.clone(),
+            std::mem::take(&mut self.id),
+        );
+        rt.spawn(async move {
+            if let Err(e) = backend.leave_queue(&keys, &id).await {
+                tracing::debug!(error = %e, "polylock redis: a cancelled waiter could not leave the queue; the entry expires by itself");
+            }
+        });
     }
 }
 
@@ -583,10 +800,18 @@ impl LockBackend for RedisBackend {
     /// be taken on the server with nobody holding the lease; it then stays
     /// taken until its TTL runs out.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
-        Ok(match self.attempt(req).await? {
-            Attempt::Acquired(lease) => Some(lease),
-            Attempt::Held { .. } => None,
-        })
+        // Fair mode: a fresh id is never first in a non-empty queue, so a
+        // try succeeds only when nobody waits, and never joins.
+        let id = self.inner.config.fair.then(new_waiter_id);
+        Ok(
+            match self
+                .attempt(req, id.as_deref().map(|id| (id, false)))
+                .await?
+            {
+                Attempt::Acquired(lease) => Some(lease),
+                Attempt::Held { .. } => None,
+            },
+        )
     }
 
     /// Tries once; if the lock is held, subscribes to its release channel
@@ -594,73 +819,35 @@ impl LockBackend for RedisBackend {
     /// a bounded fallback poll, until `req.wait` runs out.
     ///
     /// # Cancel safety
+    /// In fair mode ([`RedisConfig::fair`]) the first refused attempt also
+    /// joins the lock's queue, each later one keeps the entry alive, and
+    /// the lock is granted only to the queue's first live waiter; a release
+    /// wakes that waiter alone, on its own channel (the lock's channel and,
+    /// with keyspace events, the key's still wake everyone, for forced and
+    /// foreign releases). The call leaves the queue when it returns without
+    /// the lock.
+    ///
+    /// # Cancel safety
     /// Dropping the future while it waits leaves nothing behind: its
     /// subscription is given up (and the channel unsubscribed once no
-    /// waiter of this client needs it). Dropping it during an attempt is
+    /// waiter of this client needs it); in fair mode a spawned task takes
+    /// its queue entry out (best effort: the entry's deadline does
+    /// otherwise). Dropping it during an attempt is
     /// like dropping [`try_acquire`](LockBackend::try_acquire).
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
-        let deadline = req.wait_deadline();
-        // When the current holder's lease ends, learned by each attempt, so
-        // the wake-up sleeps no longer than that.
-        let expiry = Arc::new(Mutex::new(None));
-        let expiry_ref = &expiry;
-        let attempt = move || async move {
-            let attempt = self.attempt(req).await;
-            let ends = match &attempt {
-                // +1 ms: the server expires strictly after the TTL.
-                Ok(Attempt::Held {
-                    expires_in: Some(d),
-                }) => Instant::now().checked_add(*d + Duration::from_millis(1)),
-                _ => None,
-            };
-            *expiry_ref.lock().unwrap_or_else(|p| p.into_inner()) = ends;
-            attempt.map(|a| match a {
-                Attempt::Acquired(lease) => Some(lease),
-                Attempt::Held { .. } => None,
-            })
-        };
-        // An uncontended lock costs one round trip and no subscription.
-        match attempt().await {
-            Ok(Some(lease)) => return Ok(Some(lease)),
-            Ok(None) if req.wait.is_zero() => return Ok(None),
-            Err(e) if !e.is_retryable() || req.wait.is_zero() => return Err(e),
-            _ => {}
+        if !self.inner.config.fair {
+            return self.wait_for(req, None).await;
         }
-        let keys = self.keys(&req.name)?;
-        let limit = deadline.min(Instant::now() + self.inner.config.timeout);
-        let mut subs = Vec::with_capacity(2);
-        let (sub, mut subscribed) = self.inner.subscriber.subscribe(&keys.channel, limit).await;
-        subs.push(sub);
-        let mut follower = None;
-        if self.inner.foreign_wake == ForeignWake::KeyspaceEvents {
-            // A foreign client's release announces itself only this way.
-            let channel = format!("__keyspace@{}__:{}", self.inner.config.db(), keys.lock);
-            match &self.inner.nodes {
-                // Published on the slot owner's node alone: subscribed
-                // there, and followed when the slot moves.
-                Some(nodes) => follower = Some(self.follower(nodes, &keys.lock, channel)),
-                None => {
-                    let (sub, ok) = self.inner.subscriber.subscribe(&channel, limit).await;
-                    subs.push(sub);
-                    subscribed &= ok;
-                }
-            }
+        let mut entry = QueueEntry::new(self.clone(), self.keys(&req.name)?);
+        let r = self.wait_for(req, Some(&entry.id)).await;
+        match &r {
+            // A granting script took the entry out; a request that may not
+            // wait never joined.
+            Ok(Some(_)) => entry.disarm(),
+            _ if req.wait.is_zero() => entry.disarm(),
+            _ => entry.leave().await,
         }
-        // The subscription is live from here on, so the loop's first attempt
-        // (made now) cannot miss a release that came after the one above.
-        let backoff = if !subscribed {
-            tracing::debug!(name = %req.name, "polylock redis: no pub/sub; waiting by polling");
-            Backoff::default()
-        } else if self.inner.foreign_wake == ForeignWake::Polling {
-            FOREIGN_POLL_BACKOFF
-        } else {
-            SUBSCRIBED_BACKOFF
-        };
-        let follower = follower.as_deref();
-        acquire_loop(attempt, deadline, backoff, || {
-            wake_up(&subs, follower, &expiry)
-        })
-        .await
+        r
     }
 
     /// Compare-owner-and-`PEXPIRE`, by script.
@@ -713,7 +900,12 @@ impl LockBackend for RedisBackend {
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
         let keys = self.keys(lease.name())?;
         let holder = self.inner.layout.holder(lease.owner());
-        let mut inv = self.inner.layout.scripts().release.prepare_invoke();
+        let fair = self.inner.config.fair;
+        let mut inv = if fair {
+            FAIR.release.prepare_invoke()
+        } else {
+            self.inner.layout.scripts().release.prepare_invoke()
+        };
         inv.key(&keys.lock)
             .key(&keys.fence)
             .arg(&holder)
@@ -723,6 +915,11 @@ impl LockBackend for RedisBackend {
                 .arg(self.guarantees().granted_ttl(lease.ttl(), PX_UNIT).1);
         }
         inv.arg(&keys.channel);
+        if fair {
+            inv.key(&keys.queue)
+                .key(&keys.queue_deadlines)
+                .arg(&keys.wake_prefix);
+        }
         let r: i64 = self
             .inner
             .link
@@ -808,6 +1005,17 @@ impl LockBackend for RedisBackend {
     /// Cancel safe: read only.
     async fn waiters(&self, name: &LockName) -> Result<Option<usize>, LockError> {
         let keys = self.keys(name)?;
+        if self.inner.config.fair {
+            let mut inv = FAIR.waiters.prepare_invoke();
+            inv.key(&keys.queue_deadlines);
+            let n: i64 = self
+                .inner
+                .link
+                .invoke(&inv)
+                .await
+                .map_err(|f| self.err("waiters", name, f))?;
+            return Ok(Some(n.max(0) as usize));
+        }
         let mut cmd = redis::cmd("PUBSUB");
         cmd.arg("NUMSUB").arg(&keys.channel);
         let count = |v: Vec<(String, i64)>| v.first().map_or(0, |(_, n)| *n).max(0) as usize;
@@ -868,11 +1076,18 @@ impl LockBackend for RedisBackend {
             }
             ForeignWake::RedissonMessage => "pub/sub for Redisson's own releases as well",
         };
-        format!("pub/sub for polylock releases; {foreign}")
+        if self.inner.config.fair {
+            format!(
+                "fair FIFO queue: a polylock release wakes the oldest waiter alone, on its own \
+                 pub/sub channel; {foreign}"
+            )
+        } else {
+            format!("pub/sub for polylock releases; {foreign}")
+        }
     }
 
     fn guarantees(&self) -> Guarantees {
-        guarantees(Algorithm::SingleInstance)
+        guarantees_for(&self.inner.config)
     }
 }
 

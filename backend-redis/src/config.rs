@@ -20,6 +20,9 @@
 //!
 //! Durations follow [`lock_core::duration`]: `250ms`, `1.5s`, `2m`, `1h`,
 //! `1m30s`; a bare number is milliseconds.
+//! - `fair=true|false`: fair mode (`plain` format only), default `false`:
+//!   waiters queue on the server in arrival order and the releaser wakes
+//!   the oldest one alone; see [`RedisConfig::fair`].
 //! - `ca=PATH` (also `tls_ca=`; `rediss://` only): a PEM file of the CA certificates to
 //!   trust instead of the system's.
 
@@ -134,6 +137,7 @@ pub struct RedisConfig {
     pub(crate) wait_replicas: Option<u32>,
     pub(crate) wait_timeout: Duration,
     pub(crate) timeout: Duration,
+    pub(crate) fair: bool,
     redacted: String,
 }
 
@@ -148,11 +152,12 @@ impl fmt::Debug for RedisConfig {
             .field("tls", &self.tls)
             .field("wait_replicas", &self.wait_replicas)
             .field("timeout", &self.timeout)
+            .field("fair", &self.fair)
             .finish_non_exhaustive()
     }
 }
 
-const OPTIONS: &str = "format, prefix, wait_replicas, wait_timeout, op_timeout, ca";
+const OPTIONS: &str = "format, prefix, wait_replicas, wait_timeout, op_timeout, fair, ca";
 
 /// Old spellings, still read.
 const ALIASES: &[(&str, &str)] = &[("timeout", "op_timeout"), ("tls_ca", "ca")];
@@ -206,6 +211,7 @@ impl RedisConfig {
             wait_replicas: None,
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
             timeout: DEFAULT_OP_TIMEOUT,
+            fair: false,
             redacted: u.redacted().to_string(),
         };
         let mut prefix_given = false;
@@ -239,6 +245,18 @@ impl RedisConfig {
                     wait_timeout_given = true;
                 }
                 "op_timeout" => cfg.timeout = u.positive_duration(key, value)?,
+                "fair" => {
+                    cfg.fair = match value {
+                        "true" => true,
+                        "false" => false,
+                        other => {
+                            return Err(u.option_error(
+                                key,
+                                format_args!("fair must be true or false, not `{other}`"),
+                            ))
+                        }
+                    }
+                }
                 "ca" => {
                     if !tls {
                         return Err(u.error("ca (tls_ca) needs the rediss:// scheme"));
@@ -251,6 +269,11 @@ impl RedisConfig {
         if cfg.format == Format::Redisson && prefix_given {
             return Err(u.error(
                 "prefix does not apply to format=redisson: Redisson's keys are the lock name itself",
+            ));
+        }
+        if cfg.format == Format::Redisson && cfg.fair {
+            return Err(u.error(
+                "fair=true needs format=plain: Redisson clients do not know polylock's queue of waiters",
             ));
         }
         if wait_timeout_given && cfg.wait_replicas.is_none() {
@@ -288,6 +311,7 @@ impl RedisConfig {
             wait_replicas: None,
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
             timeout,
+            fair: false,
             redacted,
         }
     }
@@ -295,6 +319,25 @@ impl RedisConfig {
     /// The URL with the password redacted.
     pub fn redacted_url(&self) -> &str {
         &self.redacted
+    }
+
+    /// Whether waiters are served in arrival order (`?fair=true`).
+    ///
+    /// Each waiter of a lock joins a queue on the server (a sorted set
+    /// beside the lock's bookkeeping, in its cluster slot) with a deadline
+    /// that each of its attempts pushes on; an attempt is granted only when
+    /// the lock is free and no older live waiter is queued, in one script.
+    /// The releaser wakes the oldest waiter alone, on that waiter's own
+    /// channel. A waiter that crashed leaves the queue at its deadline
+    /// (twice the operation timeout, at least 2 s), a cancelled one at
+    /// once (best effort). `try_acquire` never jumps the queue.
+    ///
+    /// Fairness holds among polylock clients in fair mode on the same
+    /// lock: foreign clients (redis-py, redsync, ...) and polylock clients
+    /// without `fair=true` do not know the queue and take a free lock when
+    /// they see one; a foreign holder is waited for as without fair mode.
+    pub fn fair(&self) -> bool {
+        self.fair
     }
 
     /// The wire format.
@@ -441,6 +484,14 @@ mod tests {
         assert!(err("redis://h?format=json").contains("plain or redisson"));
         assert!(err("redis://h?formt=plain").contains("unknown option `formt`"));
         assert!(err("redis://h?format=redisson&prefix=a").contains("redisson"));
+        assert!(err("redis://h?fair=yes").contains("true or false"));
+        assert!(err("redis://h?format=redisson&fair=true").contains("format=plain"));
+        assert!(RedisConfig::parse("redis://h?fair=true").unwrap().fair());
+        assert!(!RedisConfig::parse("redis://h?fair=false").unwrap().fair());
+        assert!(!RedisConfig::parse("redis://h").unwrap().fair());
+        assert!(RedisConfig::parse("redis+cluster://a:1,b:2?fair=true")
+            .unwrap()
+            .fair());
         assert!(err("redis://h?wait_timeout=5").contains("wait_replicas"));
         assert!(err("redis://h?timeout=0").contains("above zero"));
         assert!(err("redis://h?timeout=2d").contains("unknown unit"));

@@ -30,6 +30,16 @@ pub struct LockKeys {
     /// `__polylock__:redisson:{TAG}[:NAME]`, beside Redisson's own keys,
     /// which it leaves exactly as Redisson writes them.
     pub bookkeeping: String,
+    /// Fair mode (`?fair=true`, `plain` format only): the queue of waiters,
+    /// a sorted set of waiter ids by arrival, `__polylock__:queue:{TAG}[:KEY]`.
+    pub queue: String,
+    /// Fair mode: each queued waiter's deadline (server milliseconds), a
+    /// sorted set `__polylock__:queue-deadlines:{TAG}[:KEY]`; an entry
+    /// past it is dropped by the next script that reads the queue.
+    pub queue_deadlines: String,
+    /// Fair mode: a waiter with id `ID` is woken on the channel
+    /// `wake_prefix` + `ID`, which only it subscribes to.
+    pub wake_prefix: String,
 }
 
 /// The scripts of one format. Each is hashed once ([`Script`] keeps the
@@ -45,9 +55,13 @@ pub(crate) struct Scripts {
 static PLAIN: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     acquire: Script::new(concat!(
         include_str!("../scripts/fence_seed.lua"),
+        include_str!("../scripts/plain_grant.lua"),
         include_str!("../scripts/plain_acquire.lua")
     )),
-    release: Script::new(include_str!("../scripts/plain_release.lua")),
+    release: Script::new(concat!(
+        include_str!("../scripts/plain_release_fn.lua"),
+        include_str!("../scripts/plain_release.lua")
+    )),
     renew: Script::new(include_str!("../scripts/plain_renew.lua")),
     inspect: Script::new(include_str!("../scripts/plain_inspect.lua")),
 });
@@ -62,6 +76,38 @@ static REDISSON: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     inspect: Script::new(include_str!("../scripts/redisson_inspect.lua")),
 });
 
+/// The scripts of the fair mode (`plain` format, `?fair=true`): the
+/// queue's pieces in `fair_queue.lua`, shared with the plain format's grant
+/// and release.
+pub(crate) struct FairScripts {
+    pub(crate) acquire: Script,
+    pub(crate) release: Script,
+    pub(crate) leave: Script,
+    pub(crate) waiters: Script,
+}
+
+pub(crate) static FAIR: LazyLock<FairScripts> = LazyLock::new(|| FairScripts {
+    acquire: Script::new(concat!(
+        include_str!("../scripts/fence_seed.lua"),
+        include_str!("../scripts/plain_grant.lua"),
+        include_str!("../scripts/fair_queue.lua"),
+        include_str!("../scripts/fair_acquire.lua")
+    )),
+    release: Script::new(concat!(
+        include_str!("../scripts/plain_release_fn.lua"),
+        include_str!("../scripts/fair_queue.lua"),
+        include_str!("../scripts/fair_release.lua")
+    )),
+    leave: Script::new(concat!(
+        include_str!("../scripts/fair_queue.lua"),
+        include_str!("../scripts/fair_leave.lua")
+    )),
+    waiters: Script::new(concat!(
+        include_str!("../scripts/fair_queue.lua"),
+        include_str!("../scripts/fair_waiters.lua")
+    )),
+});
+
 pub(crate) static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/force_release.lua")));
 
@@ -71,6 +117,7 @@ pub(crate) fn all_scripts() -> Vec<&'static Script> {
     for s in [&*PLAIN, &*REDISSON] {
         v.extend([&s.acquire, &s.release, &s.renew, &s.inspect]);
     }
+    v.extend([&FAIR.acquire, &FAIR.release, &FAIR.leave, &FAIR.waiters]);
     v
 }
 
@@ -133,6 +180,9 @@ impl Layout {
                     fence: format!("{AUX}{beside}"),
                     channel: format!("{AUX}released:{beside}"),
                     bookkeeping: format!("{AUX}{beside}"),
+                    queue: format!("{AUX}queue:{beside}"),
+                    queue_deadlines: format!("{AUX}queue-deadlines:{beside}"),
+                    wake_prefix: format!("{AUX}wake:{beside}:"),
                     lock,
                 })
             }
@@ -146,6 +196,10 @@ impl Layout {
                     fence: format!("redisson_lock_token:{{{n}}}"),
                     channel: format!("redisson_lock__channel:{{{n}}}"),
                     bookkeeping: format!("{REDISSON_BOOK}{}", beside(n)),
+                    // Unused: fair mode needs the plain format.
+                    queue: format!("{REDISSON_BOOK}queue:{}", beside(n)),
+                    queue_deadlines: format!("{REDISSON_BOOK}queue-deadlines:{}", beside(n)),
+                    wake_prefix: format!("{REDISSON_BOOK}wake:{}:", beside(n)),
                 };
                 if self.cluster && slot(&keys.lock) != slot(&keys.fence) {
                     return Err(LockError::InvalidName {
@@ -348,6 +402,8 @@ mod tests {
             assert_eq!(k.lock, n, "the lock key is the name itself");
             assert_eq!(slot(&k.lock), slot(&k.fence), "{n}");
             assert_eq!(slot(&k.lock), slot(&k.channel), "{n}");
+            assert_eq!(slot(&k.lock), slot(&k.queue), "{n}");
+            assert_eq!(slot(&k.lock), slot(&k.queue_deadlines), "{n}");
             assert!(k.fence.starts_with(AUX) && k.channel.starts_with(AUX));
         }
         let k = l.keys(&LockName::new("reports/nightly").unwrap()).unwrap();
@@ -375,6 +431,8 @@ mod tests {
             let k = l.keys(&LockName::new(n).unwrap()).unwrap();
             assert!(seen.insert(k.fence.clone()), "{n}: {}", k.fence);
             assert!(seen.insert(k.channel.clone()), "{n}: {}", k.channel);
+            assert!(seen.insert(k.queue.clone()), "{n}: {}", k.queue);
+            assert!(seen.insert(k.queue_deadlines.clone()), "{n}");
         }
     }
 

@@ -91,6 +91,22 @@
 //!   poll and are not seen.
 //! - **Cluster**: the lock key, its counter and its channel share a slot,
 //!   so each script touches one slot.
+//! - **Fair mode** (`?fair=true`, `plain` format, one server or a cluster;
+//!   [`RedisConfig::fair`]): beside the bookkeeping, in the same slot, a
+//!   sorted set `__polylock__:queue:{TAG}[:KEY]` of waiter ids by arrival
+//!   and one of their deadlines, `__polylock__:queue-deadlines:{TAG}[:KEY]`.
+//!   The acquire script drops entries past their deadline, grants only a
+//!   free lock with no older live waiter, and otherwise queues the waiter
+//!   (once) or pushes its deadline on; a try (no wait) never queues and
+//!   never jumps the queue. The release script wakes the oldest live waiter
+//!   alone, on its own channel `__polylock__:wake:{TAG}[:KEY]:ID`; a waiter
+//!   that gives up or is cancelled leaves the queue (and wakes the next one
+//!   if it was first and the lock is free), one that crashed leaves it at
+//!   its deadline. `waiters` counts the live queue entries. Fairness holds
+//!   among polylock clients in fair mode: foreign clients and polylock
+//!   clients without `fair=true` do not see the queue (`tests/fair.rs`,
+//!   and the conformance suite's FIFO case on `redis-fair` and
+//!   `redis-cluster-fair`).
 //!
 //! # Fencing tokens, and what can make them go backwards
 //! The counter is never reset by release (nor by `force_release`). A
@@ -155,7 +171,7 @@ mod nodes;
 mod redlock;
 mod wait;
 
-pub use backend::{guarantees, RedisBackend, FENCING_CAVEAT};
+pub use backend::{guarantees, guarantees_for, RedisBackend, FENCING_CAVEAT};
 pub use config::{
     Algorithm, Format, RedisConfig, DEFAULT_OP_TIMEOUT, DEFAULT_PREFIX, DEFAULT_WAIT_TIMEOUT,
 };

@@ -43,6 +43,8 @@ pub fn registered() -> Vec<Registration> {
         redis::redisson(),
         redis::cluster_plain(),
         redis::cluster_redisson(),
+        redis::fair(),
+        redis::cluster_fair(),
         redis::redlock(),
         etcd::single(),
         etcd::cluster(),

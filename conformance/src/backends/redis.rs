@@ -1,11 +1,12 @@
-//! Redis: a spawned `redis-server` per wire format, a spawned
-//! three-master Redis Cluster, and five independent servers for Redlock.
+//! Redis: a spawned `redis-server` per wire format and for the fair mode, a
+//! spawned three-master Redis Cluster (both formats, and the fair mode), and
+//! five independent servers for Redlock.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use backend_redis::{Algorithm, RedisBackend, RedlockBackend};
+use backend_redis::{Algorithm, RedisBackend, RedisConfig, RedlockBackend};
 use lock_core::{Guarantees, LockBackend, LockError};
 use testkit::{Mode, Proxy, RedisCluster, RedisServer};
 
@@ -29,7 +30,10 @@ struct RedisFixture {
 #[async_trait]
 impl Fixture for RedisFixture {
     fn guarantees(&self) -> Guarantees {
-        backend_redis::guarantees(Algorithm::SingleInstance)
+        RedisConfig::parse(&self.url).map_or_else(
+            |_| backend_redis::guarantees(Algorithm::SingleInstance),
+            |c| backend_redis::guarantees_for(&c),
+        )
     }
     async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
         Ok(Arc::new(RedisBackend::connect(&self.url).await?))
@@ -132,6 +136,33 @@ pub(super) fn cluster_redisson() -> Registration {
         label: "redis-cluster-redisson",
         guarantees: || backend_redis::guarantees(Algorithm::SingleInstance),
         setup: || cluster("?format=redisson", false),
+    }
+}
+
+/// What a fair-mode client declares: `fair_fifo` on top of the single
+/// instance's guarantees.
+fn fair_guarantees() -> Guarantees {
+    let config = RedisConfig::parse("redis://127.0.0.1/0?fair=true").expect("a valid URL");
+    backend_redis::guarantees_for(&config)
+}
+
+/// `redis-fair`: one server, plain format, `fair=true` (a queue of waiters
+/// on the server, the head woken alone), so the FIFO case runs on it.
+pub(super) fn fair() -> Registration {
+    Registration {
+        label: "redis-fair",
+        guarantees: fair_guarantees,
+        setup: || single("?fair=true"),
+    }
+}
+
+/// `redis-cluster-fair`: the fair mode on a three-master cluster with
+/// keyspace notifications (the queue keys share the lock key's slot).
+pub(super) fn cluster_fair() -> Registration {
+    Registration {
+        label: "redis-cluster-fair",
+        guarantees: fair_guarantees,
+        setup: || cluster("?fair=true", true),
     }
 }
 

@@ -15,7 +15,14 @@ use zookeeper_client::{Acls, CreateMode};
 
 /// Every backend the bench knows, in report order.
 pub const ALL: &[&str] = &[
-    "sqlite", "postgres", "mariadb", "redis", "redlock", "etcd", "zk",
+    "sqlite",
+    "postgres",
+    "mariadb",
+    "redis",
+    "redis-fair",
+    "redlock",
+    "etcd",
+    "zk",
 ];
 
 /// The servers of one backend, kept alive while it is measured.
@@ -74,6 +81,10 @@ impl Target {
             "redis" => {
                 let s = spawn(testkit::RedisServer::start).await?;
                 (format!("{}/0", s.url()), Servers::Redis(vec![s]))
+            }
+            "redis-fair" => {
+                let s = spawn(testkit::RedisServer::start).await?;
+                (format!("{}/0?fair=true", s.url()), Servers::Redis(vec![s]))
             }
             "redlock" => {
                 let s = spawn(|| testkit::RedisServer::start_independent(3, &[])).await?;

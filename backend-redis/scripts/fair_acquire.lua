@@ -1,0 +1,49 @@
+-- plain format, fair mode: take the lock only if it is free and no older
+-- waiter is queued (grant(), wrong_kind() and recover() are in
+-- plain_grant.lua; the queue in fair_queue.lua).
+--
+-- KEYS[1] lock key, KEYS[2] bookkeeping hash, KEYS[3] queue,
+-- KEYS[4] queue deadlines.
+-- ARGV[1..3] as in plain_grant.lua; ARGV[4] waiter id; ARGV[5] '1' to join
+-- the queue (or stay in it, with a later deadline) when not granted, '0' to
+-- only try; ARGV[6] the entry's lifetime in milliseconds; ARGV[7] the
+-- prefix of the waiters' wake channels.
+--
+-- Returns {1, fence} when taken, {0, pttl} otherwise (pttl -2: the lock is
+-- free but an older waiter is first; -1: the holder set no expiry).
+local queue, deadlines, id = KEYS[3], KEYS[4], ARGV[4]
+local now = now_ms()
+local pruned = prune(queue, deadlines, now)
+local first = head(queue)
+if first == nil or first == id then
+  local r = grant()
+  if r then
+    if not r.err then
+      leave(queue, deadlines, id)
+    end
+    return r
+  end
+end
+local r = wrong_kind() or recover()
+if r then
+  if not r.err then
+    leave(queue, deadlines, id)
+  end
+  return r
+end
+if ARGV[5] == '1' then
+  if not redis.call('ZSCORE', queue, id) then
+    redis.call('ZADD', queue, redis.call('HINCRBY', KEYS[2], 'qseq', 1), id)
+  end
+  redis.call('ZADD', deadlines, now + tonumber(ARGV[6]), id)
+end
+local pttl = redis.call('PTTL', KEYS[1])
+-- A dead head was just dropped while the lock is free: its successor
+-- would otherwise wait for its next poll.
+if pruned > 0 and pttl == -2 then
+  local h = head(queue)
+  if h and h ~= id then
+    redis.call('PUBLISH', ARGV[7] .. h, '0')
+  end
+end
+return {0, pttl}

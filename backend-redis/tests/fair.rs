@@ -1,0 +1,259 @@
+//! Fair mode (`?fair=true`): waiters queue on the server, a release wakes
+//! the head waiter alone, a try never jumps the queue, and waiters that
+//! crashed, gave up or were cancelled leave it.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backend_redis::RedisBackend;
+use common::{
+    backend, eventually, foreign_set_nx, name, raw, req, server, spawn_timed_acquire, wait_req,
+};
+use futures::StreamExt;
+use lock_core::{Lease, LockBackend, LockName};
+use redis::aio::MultiplexedConnection;
+use tokio::time::timeout;
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// The server's clock in milliseconds.
+async fn server_ms(conn: &MultiplexedConnection) -> u64 {
+    let mut conn = conn.clone();
+    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    s * 1000 + us / 1000
+}
+
+async fn zcard(conn: &MultiplexedConnection, key: &str) -> i64 {
+    let mut conn = conn.clone();
+    redis::cmd("ZCARD")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+async fn queued(b: &RedisBackend, n: &LockName) -> usize {
+    b.waiters(n)
+        .await
+        .unwrap()
+        .expect("fair mode counts waiters")
+}
+
+/// Every message published on polylock's channels, as (channel, payload).
+async fn watch_channels(url: &str) -> impl futures::Stream<Item = String> {
+    let mut ps = redis::Client::open(url)
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    ps.psubscribe("__polylock__:*").await.unwrap();
+    ps.into_on_message()
+        .map(|m| m.get_channel_name().to_string())
+}
+
+/// The channels of the messages that arrive within `window`.
+async fn messages_within(
+    stream: &mut (impl futures::Stream<Item = String> + Unpin),
+    window: Duration,
+) -> Vec<String> {
+    let mut got = Vec::new();
+    while let Ok(Some(c)) = timeout(window, stream.next()).await {
+        got.push(c);
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_head_waiter_alone_and_waiters_are_served_in_order() {
+    let srv = server();
+    let url = format!("{}/0?fair=true", srv.url());
+    let holder = backend(&url).await;
+    let n = name("fair/head");
+    let keys = holder.keys(&n).unwrap();
+    let mut watch = Box::pin(watch_channels(&srv.url()).await);
+    let first = common::acquire_free(&holder, &n, TTL).await;
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        let waiter = backend(&url).await;
+        tasks.push(spawn_timed_acquire(
+            &waiter,
+            wait_req(&n, TTL, Duration::from_secs(60)),
+        ));
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                queued(&holder, &n).await == i + 1
+            })
+            .await,
+            "waiter {i} never queued"
+        );
+    }
+    assert!(messages_within(&mut watch, Duration::from_millis(200))
+        .await
+        .is_empty());
+
+    let mut lease: Lease = first;
+    let mut woken = Vec::new();
+    for i in 0..3 {
+        holder.release(&lease).await.unwrap();
+        let (_, got) = tasks.remove(0).await.unwrap();
+        lease = got.expect("the head waiter acquires");
+        // One message, on a waiter's own channel; no broadcast.
+        let msgs = messages_within(&mut watch, Duration::from_millis(300)).await;
+        assert_eq!(msgs.len(), 1, "release {i}: {msgs:?}");
+        assert!(msgs[0].starts_with(&keys.wake_prefix), "{msgs:?}");
+        assert!(!woken.contains(&msgs[0]), "woke the same waiter twice");
+        woken.push(msgs[0].clone());
+        // The others still wait, in the queue.
+        for t in &tasks {
+            assert!(!t.is_finished(), "a waiter behind the head got the lock");
+        }
+        assert_eq!(queued(&holder, &n).await, 2 - i);
+    }
+    // Nobody queued: the release goes to the lock's channel.
+    holder.release(&lease).await.unwrap();
+    let msgs = messages_within(&mut watch, Duration::from_millis(300)).await;
+    assert_eq!(msgs, vec![keys.channel.clone()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_never_jumps_the_queue_and_a_crashed_waiter_leaves_it_by_its_deadline() {
+    let srv = server();
+    let client = backend(&format!("{}/0?fair=true", srv.url())).await;
+    let admin = raw(&srv.url()).await;
+    let n = name("fair/crashed");
+    let keys = client.keys(&n).unwrap();
+    // A waiter that queued and crashed while the lock was free: its entry
+    // lives 1.5 s more.
+    let dies_at = server_ms(&admin).await + 1500;
+    let mut a = admin.clone();
+    let _: () = redis::pipe()
+        .cmd("ZADD")
+        .arg(&keys.queue)
+        .arg(0)
+        .arg("crashed")
+        .ignore()
+        .cmd("ZADD")
+        .arg(&keys.queue_deadlines)
+        .arg(dies_at)
+        .arg("crashed")
+        .ignore()
+        .query_async(&mut a)
+        .await
+        .unwrap();
+    assert!(client.try_acquire(&req(&n, TTL)).await.unwrap().is_none());
+    assert!(client.acquire(&req(&n, TTL)).await.unwrap().is_none());
+    assert_eq!(client.inspect(&n).await.unwrap(), None, "the lock is free");
+    assert_eq!(queued(&client, &n).await, 1, "tries never join the queue");
+    // A polylock client without fair mode does not know the queue.
+    let unfair = backend(&format!("{}/0", srv.url())).await;
+    let lease = unfair
+        .try_acquire(&req(&n, TTL))
+        .await
+        .unwrap()
+        .expect("a client without fair=true takes the free lock");
+    unfair.release(&lease).await.unwrap();
+    let lease = client
+        .acquire(&wait_req(&n, TTL, Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("granted once the dead entry expired");
+    assert!(server_ms(&admin).await >= dies_at);
+    assert_eq!(zcard(&admin, &keys.queue).await, 0);
+    assert_eq!(zcard(&admin, &keys.queue_deadlines).await, 0);
+    client.release(&lease).await.unwrap();
+    // With the queue empty a try succeeds again.
+    let lease = client
+        .try_acquire(&req(&n, TTL))
+        .await
+        .unwrap()
+        .expect("free");
+    client.release(&lease).await.unwrap();
+}
+
+/// An operation timeout of 30 s gives queue entries a life of a minute, so
+/// an entry that disappears within seconds was taken out, not expired.
+fn long_lived(srv: &testkit::RedisServer) -> String {
+    format!("{}/0?fair=true&op_timeout=30s", srv.url())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waiter_leaves_the_queue() {
+    let srv = server();
+    let url = long_lived(&srv);
+    let holder = backend(&url).await;
+    let waiter: Arc<RedisBackend> = backend(&url).await;
+    let admin = raw(&srv.url()).await;
+    let n = name("fair/cancelled");
+    let keys = holder.keys(&n).unwrap();
+    let lease = common::acquire_free(&holder, &n, TTL).await;
+    let task = spawn_timed_acquire(&waiter, wait_req(&n, TTL, Duration::from_secs(60)));
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            queued(&holder, &n).await == 1
+        })
+        .await
+    );
+    task.abort();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            zcard(&admin, &keys.queue).await == 0
+        })
+        .await,
+        "the cancelled waiter's entry stayed"
+    );
+    assert_eq!(zcard(&admin, &keys.queue_deadlines).await, 0);
+    holder.release(&lease).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_leaves_the_queue() {
+    let srv = server();
+    let url = long_lived(&srv);
+    let holder = backend(&url).await;
+    let admin = raw(&srv.url()).await;
+    let n = name("fair/gave-up");
+    let keys = holder.keys(&n).unwrap();
+    let lease = common::acquire_free(&holder, &n, TTL).await;
+    let quitter = backend(&url).await;
+    let r = quitter
+        .acquire(&wait_req(&n, TTL, Duration::from_millis(400)))
+        .await
+        .unwrap();
+    assert!(r.is_none());
+    assert_eq!(zcard(&admin, &keys.queue).await, 0, "the entry stayed");
+
+    // The queue is empty again: a release goes to the lock's channel, and
+    // a try succeeds.
+    holder.release(&lease).await.unwrap();
+    let lease = quitter
+        .try_acquire(&req(&n, TTL))
+        .await
+        .unwrap()
+        .expect("free, nobody queued");
+    quitter.release(&lease).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_holder_is_waited_for_and_the_mode_says_fair() {
+    let srv = server();
+    let client = backend(&format!("{}/0?fair=true", srv.url())).await;
+    assert!(client.guarantees().fair_fifo);
+    assert!(
+        client.wake_mode().contains("fair"),
+        "{}",
+        client.wake_mode()
+    );
+    let mut foreign = raw(&srv.url()).await;
+    let n = name("fair/foreign");
+    assert!(foreign_set_nx(&mut foreign, n.as_str(), "theirs", 800)
+        .await
+        .is_some());
+    let lease = client
+        .acquire(&wait_req(&n, TTL, Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("granted after the foreign lock expired");
+    client.release(&lease).await.unwrap();
+}
