@@ -49,16 +49,7 @@ fn every_case_passes_in_every_phase_over_two_memory_tables() {
             g.list && g.counts_waiters && g.holder_meta,
             "{phase:?}: two memory tables can list, count waiters and keep metadata: {g:?}"
         );
-        let outcomes = conformance::harness::run_every_case(Arc::new(fixture));
-        assert!(outcomes.len() > 20, "only {} cases ran", outcomes.len());
-        let failed: Vec<_> = outcomes
-            .iter()
-            .filter_map(|(name, r)| r.as_ref().err().map(|e| format!("{name}: {e}")))
-            .collect();
-        assert!(
-            failed.is_empty(),
-            "{phase:?}: failed cases:\n{}",
-            failed.join("\n")
-        );
+        eprintln!("phase {phase:?}");
+        conformance::harness::assert_every_case_passes(Arc::new(fixture), 20);
     }
 }

@@ -154,6 +154,23 @@ pub fn run_every_case(fixture: Arc<dyn Fixture>) -> Vec<CaseOutcome> {
         .collect()
 }
 
+/// Runs every case that applies to `fixture` ([`run_every_case`]) and
+/// panics with every failure unless all of at least `at_least` cases
+/// passed: the whole suite as one test of a fixture built inside a test.
+pub fn assert_every_case_passes(fixture: Arc<dyn Fixture>, at_least: usize) {
+    let outcomes = run_every_case(fixture);
+    assert!(
+        outcomes.len() >= at_least,
+        "only {} cases ran",
+        outcomes.len()
+    );
+    let failed: Vec<_> = outcomes
+        .iter()
+        .filter_map(|(name, r)| r.as_ref().err().map(|e| format!("{name}: {e}")))
+        .collect();
+    assert!(failed.is_empty(), "failed cases:\n{}", failed.join("\n"));
+}
+
 /// Whether a failure message is the harness's own "case hung" verdict
 /// rather than a failed assertion.
 pub fn is_timeout(message: &str) -> bool {
