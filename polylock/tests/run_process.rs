@@ -233,8 +233,13 @@ fn status_escapes_names_for_the_terminal() {
     drop(holder.stdin.take());
     assert!(holder.wait().unwrap().success());
     let out = output(polylock(dir.path(), None).args(["status", name]));
-    assert!(!text(&out.stdout).contains('\n') || text(&out.stdout).lines().count() == 1);
-    assert!(!text(&out.stdout).contains('\u{1b}'));
+    let shown = text(&out.stdout);
+    // The name stays on its first line; the lines after it are status's
+    // own, indented (the wake-up mode).
+    let lines: Vec<&str> = shown.lines().collect();
+    assert_eq!(lines[0], "evil\\n\\u{1b}[31mred: free", "{shown:?}");
+    assert!(lines[1..].iter().all(|l| l.starts_with("  ")), "{shown:?}");
+    assert!(!shown.contains('\u{1b}'), "{shown:?}");
 }
 
 #[test]

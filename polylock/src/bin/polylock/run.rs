@@ -220,7 +220,11 @@ pub(crate) async fn run(
         let deadline = lease.deadline();
         let term_at = deadline.checked_sub(grace).unwrap_or(deadline);
         let kill_at = stopping.map_or(deadline, |(_, d)| d);
+        // Biased: a loss already known wins over a stop timer that came due
+        // at the same moment (polylock resumed after a pause past the
+        // deadline), so the cause printed is the loss.
         tokio::select! {
+            biased;
             status = cmd.child.wait() => break status,
             _ = guard.lost(), if lost.is_none() => {
                 // The lock is already gone: every moment the command runs
@@ -247,7 +251,9 @@ pub(crate) async fn run(
             }
             _ = sleep_until(kill_at), if stopping.is_some() && lost.is_none() => {
                 cmd.signal(Signal::SIGKILL);
-                lost = Some(loss_cause(deadline, stopping.map(|(since, _)| since)));
+                let cause = loss_cause(deadline, stopping.map(|(since, _)| since));
+                eprintln!("polylock: lock {name:?} was lost: {cause}; killed the command");
+                lost = Some(cause);
             }
             sig = signals.recv() => cmd.signal(sig),
         }
