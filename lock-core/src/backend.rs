@@ -214,6 +214,23 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// not; the old lease's deadline stays valid either way.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError>;
 
+    /// Renews several leases, in as few requests as the backend can; one
+    /// result per lease, in the order given, each what
+    /// [`renew`](LockBackend::renew) would have answered for it (a lease that
+    /// is no longer ours is `Err(Lost)` without failing the others). The
+    /// watchdog hands over the leases of one client that are due together.
+    ///
+    /// The default renews each lease by its own request, all at once.
+    /// Backends that declare [`Guarantees::batch_renew`] send one request per
+    /// batch (or per server a batch spans) instead.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`renew`](LockBackend::renew): each lease was extended
+    /// or not, and its old deadline stays valid either way.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        futures::future::join_all(leases.iter().map(|l| self.renew(l))).await
+    }
+
     /// Compare-owner-and-delete. Releasing a lease that is already released
     /// (or expired) with nobody granted the lock since is `Ok`; `Err(Lost)`
     /// if someone else holds the lock now (their lock is left untouched), or

@@ -162,6 +162,10 @@ pub struct Guarantees {
     pub list: bool,
     /// The backend can count a lock's waiters (`waiters`).
     pub counts_waiters: bool,
+    /// [`renew_many`](crate::LockBackend::renew_many) renews the leases due
+    /// together in one request (per server), so renewal traffic grows slower
+    /// than the number of held locks.
+    pub batch_renew: bool,
 }
 
 impl Guarantees {
@@ -181,6 +185,7 @@ impl Guarantees {
             holder_meta: false,
             list: false,
             counts_waiters: false,
+            batch_renew: false,
         }
     }
 

@@ -165,3 +165,57 @@ pub(crate) async fn deadline_is_counted_from_the_send(ctx: &Ctx<'_>) {
     );
     client.release(&renewed).await.expect("release");
 }
+
+/// `renew_many` answers each lease as `renew` would, in order: the live
+/// ones are extended with their own TTL and fence, one taken over by
+/// another client is `Lost` (and stays theirs), and the others are not
+/// failed by it.
+pub(crate) async fn renew_many_answers_each_lease_in_order(ctx: &Ctx<'_>) {
+    let ttl = ctx.ttl(Duration::from_millis(1500));
+    let holder = ctx.client().await;
+    let other = ctx.client().await;
+    assert!(holder.renew_many(&[]).await.is_empty(), "nothing to renew");
+    let names = [
+        ctx.name("batch-a"),
+        ctx.name("batch-b"),
+        ctx.name("batch-c"),
+    ];
+    let a = raw_try(&holder, &names[0], ttl).await.expect("acquire a");
+    let b = raw_try(&holder, &names[1], ttl).await.expect("acquire b");
+    let c = raw_try(&holder, &names[2], ttl * 2)
+        .await
+        .expect("acquire c");
+    holder.release(&b).await.expect("release b");
+    let theirs = raw_try(&other, &names[1], ttl).await.expect("b is free");
+    let leases = [a.clone(), b, c.clone()];
+    let answers = holder.renew_many(&leases).await;
+    assert_eq!(answers.len(), 3, "one answer per lease: {answers:?}");
+    for (old, answer) in [(&a, &answers[0]), (&c, &answers[2])] {
+        let renewed = answer.as_ref().expect("a live lease is renewed");
+        assert_eq!(renewed.name(), old.name(), "answers out of order");
+        assert_eq!(renewed.fence(), old.fence(), "renew changed the fence");
+        assert!(renewed.ttl() >= old.ttl(), "renewed with a shorter TTL");
+        assert!(renewed.deadline() > old.deadline(), "deadline not moved");
+    }
+    assert!(
+        answers[1].as_ref().is_err_and(|e| e.is_lost()),
+        "a lease another client took over: {:?}",
+        answers[1]
+    );
+    let info = other
+        .inspect(&names[1])
+        .await
+        .expect("inspect")
+        .expect("held");
+    if let Some(f) = info.fence {
+        assert_eq!(f, theirs.fence(), "b is still theirs");
+    }
+    other.release(&theirs).await.expect("release theirs");
+    for answer in [&answers[0], &answers[2]] {
+        let renewed = answer.as_ref().expect("renewed");
+        holder
+            .release(renewed)
+            .await
+            .expect("release a renewed lease");
+    }
+}

@@ -81,6 +81,7 @@ pub fn all() -> Vec<Case> {
         case!(lease::renew_after_expiry_is_lost_and_does_not_resurrect),
         case!(lease::abandoned_lease_expires_after_ttl_and_not_before),
         case!(lease::deadline_is_counted_from_the_send),
+        case!(lease::renew_many_answers_each_lease_in_order),
         case!(watchdog::watchdog_keeps_lock_and_stops_after_release),
         case!(watchdog::lost_fires_when_lock_removed_behind_holders_back),
         case!(watchdog::guard_is_renewed_after_its_locker_is_dropped),
