@@ -360,6 +360,11 @@ impl Raw {
                     .map_err(|e| err("raw release")(&e))?;
             }
             Raw::Zk(c) => {
+                // Ephemeral sequential create + get children + delete: a
+                // ZooKeeper lock cannot know its node is the lowest without
+                // listing the directory, and a multi cannot mix that read
+                // with the create, so these three are the fewest round
+                // trips a lock cycle needs (issue #13).
                 let dir = format!("/raw/{}", name.replace('/', "_"));
                 let node = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
                 let prefix = format!("{dir}/lock-");
@@ -375,6 +380,9 @@ impl Raw {
                     r => r,
                 }
                 .map_err(|e| err("raw create")(&e))?;
+                c.list_children(&dir)
+                    .await
+                    .map_err(|e| err("raw get children")(&e))?;
                 c.delete(&format!("{prefix}{seq}"), None)
                     .await
                     .map_err(|e| err("raw delete")(&e))?;
