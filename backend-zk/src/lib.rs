@@ -66,6 +66,7 @@ mod backend;
 mod config;
 mod errors;
 mod fence;
+mod holdings;
 mod path;
 mod session;
 
