@@ -322,7 +322,12 @@ async fn renew(inner: Arc<Inner>, held: Arc<Held>) {
 /// single renewal's would be; a lease whose answer is a failure other than
 /// a loss (or that got no answer before the earliest deadline of the
 /// batch) goes on alone, retried until its own deadline.
-async fn renew_batch(inner: Arc<Inner>, group: Vec<Arc<Held>>) {
+async fn renew_batch(inner: Arc<Inner>, mut group: Vec<Arc<Held>>) {
+    // Released since the scheduler took them: not sent at all.
+    group.retain(|h| !h.stop.is_cancelled());
+    if group.is_empty() {
+        return;
+    }
     let requeue = Requeue::new(&inner, &group);
     let leases: Vec<_> = group.iter().map(|h| h.current()).collect();
     let backend = Arc::clone(&group[0].backend);
