@@ -89,8 +89,10 @@ fn holder_info(data: &[u8], stat: &Stat) -> HolderInfo {
 /// still a lease: a holding that is not renewed within its TTL is deleted
 /// by this client at `sent_at + ttl` (never before the holder's local
 /// deadline). `renew` reads the node (which also touches the session on
-/// the server) and moves that expiry. Both must go through the client that
-/// acquired the lease.
+/// the server) and moves that expiry; `renew_many` reads the nodes of up to
+/// 256 leases of one session in one multi-read (ZooKeeper 3.6 or later), so
+/// the watchdog's renewals of many held locks cost a request per batch, not
+/// per lock. Both must go through the client that acquired the lease.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), lock_core::LockError> {
