@@ -1,6 +1,6 @@
 //! The [`LockBackend`] over a SQL lock table.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::str::FromStr;
@@ -21,8 +21,10 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use crate::config::SqlConfig;
-use crate::dialect::{guarantees, like_prefix, Dialect, Statements};
-use crate::errors::{is_broken_connection, is_conflict, ErrorContext};
+use crate::dialect::{
+    bucket, guarantees, like_prefix, Dialect, RenewBatch, Statements, RENEW_CHUNK,
+};
+use crate::errors::{duplicate, is_broken_connection, is_conflict, ErrorContext};
 use crate::schema;
 use crate::wait::{backoff, NotifyHub};
 
@@ -432,6 +434,180 @@ impl SqlBackend {
         }
     }
 
+    /// One batched renewal statement for `leases` (distinct names, at most
+    /// [`RENEW_CHUNK`]): an answer per lease, in order.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: each row was extended or not.
+    async fn renew_chunk(&self, leases: &[&Lease]) -> Vec<Result<Lease, LockError>> {
+        if let [one] = leases {
+            return vec![self.renew(one).await];
+        }
+        // Measured before the statement leaves, as for `renew`.
+        let sent_at = Instant::now();
+        let precision = self.inner.config.dialect.timestamp_precision();
+        let grants: Vec<(Duration, i64)> = leases
+            .iter()
+            .map(|l| {
+                let (granted, units) = self.inner.guarantees.granted_ttl(l.ttl(), precision);
+                (granted, i64::try_from(units).unwrap_or(i64::MAX))
+            })
+            .collect();
+        let names: Vec<&str> = leases.iter().map(|l| l.name().as_str()).collect();
+        let owners: Vec<String> = leases.iter().map(|l| l.owner().to_string()).collect();
+        let versions: Vec<u64> = leases.iter().map(|l| l.fence().get()).collect();
+        let units: Vec<i64> = grants.iter().map(|g| g.1).collect();
+        let renewed = self.renew_rows(&names, &owners, &versions, &units).await;
+        match renewed {
+            Ok(renewed) => leases
+                .iter()
+                .zip(renewed)
+                .zip(&grants)
+                .map(|((lease, ok), (granted, _))| {
+                    if ok {
+                        Ok(lease.renewed(*granted, sent_at))
+                    } else {
+                        Err(Self::lost(lease))
+                    }
+                })
+                .collect(),
+            Err(e) => leases
+                .iter()
+                .map(|_| Err(duplicate(self.inner.config.dialect, &e)))
+                .collect(),
+        }
+    }
+
+    /// Runs the batched renewal for rows given column by column (distinct
+    /// names); whether each was extended, in order.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: each row was extended or not.
+    async fn renew_rows(
+        &self,
+        names: &[&str],
+        owners: &[String],
+        versions: &[u64],
+        units: &[i64],
+    ) -> Result<Vec<bool>, LockError> {
+        let n = names.len();
+        let by_name = |extended: Vec<String>| {
+            let extended: HashSet<String> = extended.into_iter().collect();
+            names
+                .iter()
+                .map(|n| extended.contains(*n))
+                .collect::<Vec<bool>>()
+        };
+        match (&self.inner.upkeep, &self.inner.sql.renew_batch) {
+            (Pools::Postgres(p), RenewBatch::Arrays(sql)) => {
+                let versions: Vec<i64> = versions.iter().map(|&v| v as i64).collect();
+                let versions = versions.as_slice();
+                let extended = self
+                    .run("renew", || async move {
+                        sqlx::query_scalar::<_, String>(q(sql))
+                            .bind(names)
+                            .bind(owners)
+                            .bind(versions)
+                            .bind(units)
+                            .fetch_all(p)
+                            .await
+                    })
+                    .await?;
+                Ok(by_name(extended))
+            }
+            (Pools::Sqlite(p), RenewBatch::Returning(texts)) => {
+                let (size, sql) = bucket(texts, n);
+                let extended = self
+                    .run("renew", || async move {
+                        let mut query = sqlx::query_scalar::<_, String>(q(sql));
+                        for i in 0..n {
+                            query = query
+                                .bind(names[i])
+                                .bind(owners[i].as_str())
+                                .bind(versions[i] as i64)
+                                .bind(units[i]);
+                        }
+                        // Padding rows: a NULL name matches no row.
+                        for _ in n..size {
+                            query = query
+                                .bind(None::<&str>)
+                                .bind(None::<&str>)
+                                .bind(None::<i64>)
+                                .bind(None::<i64>);
+                        }
+                        query.fetch_all(p).await
+                    })
+                    .await?;
+                Ok(by_name(extended))
+            }
+            (Pools::MySql(p), RenewBatch::CountThenRead { update, read }) => {
+                let (size, sql) = bucket(update, n);
+                let matched = self
+                    .run("renew", || async move {
+                        let mut query = sqlx::query(q(sql));
+                        for i in 0..n {
+                            query = query
+                                .bind(names[i].as_bytes())
+                                .bind(owners[i].as_bytes())
+                                .bind(versions[i])
+                                .bind(units[i]);
+                        }
+                        for _ in n..size {
+                            query = query
+                                .bind(None::<&[u8]>)
+                                .bind(None::<&[u8]>)
+                                .bind(None::<u64>)
+                                .bind(None::<i64>);
+                        }
+                        Ok(query.execute(p).await?.rows_affected())
+                    })
+                    .await?;
+                // Names are distinct, and a row is updated at most once, so
+                // as many matched rows as leases means every lease matched.
+                if matched == n as u64 {
+                    return Ok(vec![true; n]);
+                }
+                // Which ones: a lease's row is extended now exactly when it
+                // still has the lease's owner and version and is live. A row
+                // the UPDATE skipped cannot have become so since: a grant
+                // changes the version, and an expired holding is never
+                // extended. (A row extended by the UPDATE that expired again
+                // before this read is reported lost, which it is by then.)
+                let (size, sql) = bucket(read, n);
+                let rows: Vec<StateRow> = self
+                    .run("renew", || async move {
+                        let mut query = sqlx::query_as(q(sql));
+                        for name in names {
+                            query = query.bind(name.as_bytes());
+                        }
+                        for _ in n..size {
+                            query = query.bind(None::<&[u8]>);
+                        }
+                        query.fetch_all(p).await
+                    })
+                    .await?;
+                let rows: HashMap<Vec<u8>, RowState> = rows
+                    .into_iter()
+                    .map(|(name, owner, version, live)| (name, (owner, version, live)))
+                    .collect();
+                Ok((0..n)
+                    .map(|i| {
+                        rows.get(names[i].as_bytes())
+                            .is_some_and(|(owner, version, live)| {
+                                *live != 0
+                                    && *version == versions[i]
+                                    && owner.as_deref() == Some(owners[i].as_bytes())
+                            })
+                    })
+                    .collect())
+            }
+            _ => Err(self.inner.errors.protocol(
+                "renew",
+                "the batched renewal does not match the database".into(),
+            )),
+        }
+    }
+
     fn fence(&self, op: &str, version: u64) -> Result<FencingToken, LockError> {
         FencingToken::new(version).ok_or_else(|| {
             self.inner.errors.protocol(
@@ -511,6 +687,12 @@ impl SqlBackend {
         }
     }
 }
+
+/// What MySQL's batched renewal reads back for a name: owner, version,
+/// and whether the row is live (1) by the database clock.
+type RowState = (Option<Vec<u8>>, u64, i64);
+/// The same with the name in front, as the read returns it.
+type StateRow = (Vec<u8>, Option<Vec<u8>>, u64, i64);
 
 /// A held row as PostgreSQL and SQLite return it from `inspect`: owner,
 /// version, time left in units, holder metadata.
@@ -759,6 +941,47 @@ impl LockBackend for SqlBackend {
         } else {
             Err(Self::lost(lease))
         }
+    }
+
+    /// Renews up to [`RENEW_CHUNK`] leases per statement (chunks of a
+    /// larger batch run at once, each on its own connection), with the
+    /// checks of [`renew`](LockBackend::renew) for every row and each
+    /// lease's own TTL; see `RenewBatch` in `dialect.rs` for each
+    /// database's statement. A name given twice in one batch is renewed by
+    /// `renew` for the second and later leases, since one row can answer
+    /// only one of them in a join.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: each row was extended or not; the old deadlines hold.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        let mut seen = HashSet::with_capacity(leases.len());
+        let (mut batch, mut alone) = (Vec::with_capacity(leases.len()), Vec::new());
+        for (i, lease) in leases.iter().enumerate() {
+            if seen.insert(lease.name()) {
+                batch.push(i);
+            } else {
+                alone.push(i);
+            }
+        }
+        let chunks = futures::future::join_all(batch.chunks(RENEW_CHUNK).map(|chunk| async move {
+            let picked: Vec<&Lease> = chunk.iter().map(|&i| &leases[i]).collect();
+            chunk.iter().copied().zip(self.renew_chunk(&picked).await)
+        }));
+        let singles = futures::future::join_all(
+            alone
+                .iter()
+                .map(|&i| async move { (i, self.renew(&leases[i]).await) }),
+        );
+        let (chunks, singles) = tokio::join!(chunks, singles);
+        let mut answers: Vec<Option<Result<Lease, LockError>>> =
+            std::iter::repeat_with(|| None).take(leases.len()).collect();
+        for (i, answer) in chunks.into_iter().flatten().chain(singles) {
+            answers[i] = Some(answer);
+        }
+        answers
+            .into_iter()
+            .map(|a| a.expect("every lease is in a chunk or renewed alone"))
+            .collect()
     }
 
     /// Frees the row if owner and version match (PostgreSQL: and notifies
