@@ -17,7 +17,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{AssertSqlSafe, ConnectOptions};
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, Semaphore};
 use tokio::time::Instant;
 
 use crate::config::SqlConfig;
@@ -50,12 +50,25 @@ pub struct SqlBackend {
 
 struct Inner {
     config: SqlConfig,
-    /// Acquisitions (waiting or not), inspections and fenced writes.
+    /// One pool of `pool_size + upkeep_size(pool_size)` connections for
+    /// every operation. Sharing it lets releases and renewals use every
+    /// idle connection (a pool of their own capped a client's cycle rate at
+    /// what its few connections could release).
     pools: Pools,
-    /// Renewals and releases only, so that they never queue behind waiters
-    /// (a waiter whose statement is stuck in the database holds its
-    /// connection until the operation timeout).
-    upkeep: Pools,
+    /// `pool_size` permits: acquisitions (waiting or not), inspections and
+    /// fenced writes hold one for their statement, renewals and releases
+    /// none. However many waiters are stuck in the database (on a row
+    /// another transaction locks, each holding its connection until the
+    /// operation timeout), `upkeep_size` connections stay for renewals and
+    /// releases, which so never queue behind waiters.
+    main_lane: Semaphore,
+    /// SQLite only: this client's writes run one at a time. SQLite lets one
+    /// connection of the file write at once; connections of one process
+    /// racing for that lock meet it busy and sleep in SQLite's busy handler
+    /// (1 ms and more each time), which cut a client's throughput to a
+    /// fraction of what one writer at a time achieves. Other processes are
+    /// still waited for by `busy_timeout`.
+    sqlite_writes: tokio::sync::Mutex<()>,
     sql: Statements,
     errors: ErrorContext,
     guarantees: Guarantees,
@@ -69,7 +82,17 @@ struct Inner {
     unsure: Mutex<HashMap<(LockName, OwnerToken), Instant>>,
 }
 
-/// The connections of the upkeep pool for a main pool of `pool_size`.
+/// Which operations may take a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lane {
+    /// Acquisitions, inspections, fenced writes: at most `pool_size` at
+    /// once.
+    Main,
+    /// Renewals and releases: any connection.
+    Upkeep,
+}
+
+/// The connections kept for renewals and releases beyond `pool_size`.
 fn upkeep_size(pool_size: u32) -> u32 {
     pool_size.div_ceil(4).clamp(1, 4)
 }
@@ -210,7 +233,8 @@ impl SqlBackend {
         let sql = Statements::new(dialect, &config.table, &config.fence_table);
         let limit = config.connect_timeout;
         let mut hub = None;
-        let (pools, upkeep) = match dialect {
+        let size = config.pool_size + upkeep_size(config.pool_size);
+        let pools = match dialect {
             Dialect::Sqlite => {
                 let path = config.sqlite_path.clone().unwrap_or_default();
                 let options = SqliteConnectOptions::new()
@@ -247,7 +271,7 @@ impl SqlBackend {
                             .connect_lazy_with(options.clone()),
                     )
                 };
-                (pool(config.pool_size), pool(upkeep_size(config.pool_size)))
+                pool(size)
             }
             Dialect::Postgres => {
                 let options = PgConnectOptions::from_str(&config.driver_url)
@@ -267,7 +291,7 @@ impl SqlBackend {
                             .connect_lazy_with(options.clone()),
                     )
                 };
-                (pool(config.pool_size), pool(upkeep_size(config.pool_size)))
+                pool(size)
             }
             Dialect::MySql => {
                 let options = MySqlConnectOptions::from_str(&config.driver_url)
@@ -284,11 +308,11 @@ impl SqlBackend {
                             .connect_lazy_with(options.clone()),
                     )
                 };
-                (pool(config.pool_size), pool(upkeep_size(config.pool_size)))
+                pool(size)
             }
         };
         if dialect != Dialect::Sqlite {
-            tokio::try_join!(warm(&pools, &errors), warm(&upkeep, &errors))?;
+            warm(&pools, &errors).await?;
         }
         tracing::debug!(
             backend = dialect.backend_name(),
@@ -299,14 +323,15 @@ impl SqlBackend {
         Ok(SqlBackend {
             inner: Arc::new(Inner {
                 guarantees: guarantees(dialect),
-                config,
+                main_lane: Semaphore::new(config.pool_size as usize),
+                sqlite_writes: tokio::sync::Mutex::new(()),
                 pools,
-                upkeep,
                 sql,
                 errors,
                 hub,
                 fences_ready: OnceCell::new(),
                 unsure: Mutex::new(HashMap::new()),
+                config,
             }),
         })
     }
@@ -327,11 +352,9 @@ impl SqlBackend {
     /// Cancel safe: the pool is closed either way; connections still in use
     /// close when returned.
     pub async fn close(&self) {
-        for pools in [&self.inner.pools, &self.inner.upkeep] {
-            pool_match!(pools, {
-                Sqlite(p) | Postgres(p) | MySql(p) => p.close().await,
-            })
-        }
+        pool_match!(&self.inner.pools, {
+            Sqlite(p) | Postgres(p) | MySql(p) => p.close().await,
+        })
     }
 
     pub(crate) fn pools(&self) -> &Pools {
@@ -355,6 +378,7 @@ impl SqlBackend {
                 let table = &self.inner.config.fence_table;
                 let errors = &self.inner.errors;
                 let setup = async {
+                    let _admitted = self.admit(Lane::Main, false).await;
                     pool_match!(&self.inner.pools, {
                         Sqlite(p) | Postgres(p) | MySql(p) => {
                             let mut c =
@@ -381,13 +405,73 @@ impl SqlBackend {
     /// with a server restart): the pools do not ping connections before
     /// handing them out. Only for operations that are safe to send twice;
     /// see [`run_once_sent`](Self::run_once_sent).
+    ///
+    /// `run` is for writes of the main lane (acquisitions, force releases);
+    /// [`read`](Self::read) for its reads, [`upkeep`](Self::upkeep) for
+    /// renewals and releases.
     pub(crate) async fn run<T, F, Fut>(&self, op: &str, f: F) -> Result<T, LockError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, sqlx::Error>>,
     {
-        let broken = self.inner.config.pool_size + upkeep_size(self.inner.config.pool_size) + 1;
-        self.run_with(op, broken as usize, f).await
+        self.run_with(op, Lane::Main, true, self.broken_retries(), f)
+            .await
+    }
+
+    /// As [`run`](Self::run), for a read of the main lane (inspections,
+    /// lists): it does not wait for this client's SQLite writes.
+    async fn read<T, F, Fut>(&self, op: &str, f: F) -> Result<T, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        self.run_with(op, Lane::Main, false, self.broken_retries(), f)
+            .await
+    }
+
+    /// As [`run`](Self::run), for renewals and releases (`write`) and the
+    /// reads they make: any connection of the pool, never behind waiters.
+    async fn upkeep<T, F, Fut>(&self, op: &str, write: bool, f: F) -> Result<T, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        self.run_with(op, Lane::Upkeep, write, self.broken_retries(), f)
+            .await
+    }
+
+    /// Every connection of the pool may be one that died with a server
+    /// restart.
+    fn broken_retries(&self) -> usize {
+        (self.inner.config.pool_size + upkeep_size(self.inner.config.pool_size) + 1) as usize
+    }
+
+    /// Waits for what an operation of `lane` needs before it takes a
+    /// connection: a main-lane permit, and on SQLite for a `write` this
+    /// client's write turn (in that order, so an upkeep write never waits
+    /// for a permit). Held until the operation's last attempt is over.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: both queues are fair and forget a dropped waiter.
+    async fn admit(
+        &self,
+        lane: Lane,
+        write: bool,
+    ) -> (
+        Option<tokio::sync::SemaphorePermit<'_>>,
+        Option<tokio::sync::MutexGuard<'_, ()>>,
+    ) {
+        let permit = match lane {
+            // Never closed.
+            Lane::Main => self.inner.main_lane.acquire().await.ok(),
+            Lane::Upkeep => None,
+        };
+        let turn = if write && self.inner.config.dialect == Dialect::Sqlite {
+            Some(self.inner.sqlite_writes.lock().await)
+        } else {
+            None
+        };
+        (permit, turn)
     }
 
     /// As [`run`](Self::run), but a statement that failed on a broken
@@ -399,12 +483,17 @@ impl SqlBackend {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, sqlx::Error>>,
     {
-        self.run_with(op, 0, f).await
+        // SQLite: a fenced write's `BEGIN IMMEDIATE` takes the file's
+        // write lock for the whole transaction, user statements included;
+        // it does not hold this client's write turn for that long.
+        self.run_with(op, Lane::Main, false, 0, f).await
     }
 
     async fn run_with<T, F, Fut>(
         &self,
         op: &str,
+        lane: Lane,
+        write: bool,
         broken_retries: usize,
         mut f: F,
     ) -> Result<T, LockError>
@@ -415,6 +504,9 @@ impl SqlBackend {
         let limit = self.inner.config.op_timeout;
         let until = Instant::now() + limit;
         let dialect = self.inner.config.dialect;
+        let _admitted = tokio::time::timeout_at(until, self.admit(lane, write))
+            .await
+            .map_err(|_| self.inner.errors.timed_out(op, limit))?;
         let (mut conflicts, mut broken) = (0, 0);
         loop {
             match tokio::time::timeout_at(until, f()).await {
@@ -498,12 +590,12 @@ impl SqlBackend {
                 .map(|n| extended.contains(*n))
                 .collect::<Vec<bool>>()
         };
-        match (&self.inner.upkeep, &self.inner.sql.renew_batch) {
+        match (&self.inner.pools, &self.inner.sql.renew_batch) {
             (Pools::Postgres(p), RenewBatch::Arrays(sql)) => {
                 let versions: Vec<i64> = versions.iter().map(|&v| v as i64).collect();
                 let versions = versions.as_slice();
                 let extended = self
-                    .run("renew", || async move {
+                    .upkeep("renew", true, || async move {
                         sqlx::query_scalar::<_, String>(q(sql))
                             .bind(names)
                             .bind(owners)
@@ -518,7 +610,7 @@ impl SqlBackend {
             (Pools::Sqlite(p), RenewBatch::Returning(texts)) => {
                 let (size, sql) = bucket(texts, n);
                 let extended = self
-                    .run("renew", || async move {
+                    .upkeep("renew", true, || async move {
                         let mut query = sqlx::query_scalar::<_, String>(q(sql));
                         for i in 0..n {
                             query = query
@@ -543,7 +635,7 @@ impl SqlBackend {
             (Pools::MySql(p), RenewBatch::CountThenRead { update, read }) => {
                 let (size, sql) = bucket(update, n);
                 let matched = self
-                    .run("renew", || async move {
+                    .upkeep("renew", true, || async move {
                         let mut query = sqlx::query(q(sql));
                         for i in 0..n {
                             query = query
@@ -575,7 +667,7 @@ impl SqlBackend {
                 // before this read is reported lost, which it is by then.)
                 let (size, sql) = bucket(read, n);
                 let rows: Vec<StateRow> = self
-                    .run("renew", || async move {
+                    .upkeep("renew", false, || async move {
                         let mut query = sqlx::query_as(q(sql));
                         for name in names {
                             query = query.bind(name.as_bytes());
@@ -618,12 +710,12 @@ impl SqlBackend {
     }
 
     /// The version of `name`'s row and whether it is free (`None`: no
-    /// row), read on the upkeep pool: the release path.
+    /// row), read in the upkeep lane: the release path.
     async fn after_release(&self, name: &LockName) -> Result<Option<(u64, bool)>, LockError> {
         let sql = &self.inner.sql.after_release;
         let name = name.as_str();
-        self.run("release", || async move {
-            Ok(match &self.inner.upkeep {
+        self.upkeep("release", false, || async move {
+            Ok(match &self.inner.pools {
                 Pools::Postgres(p) => sqlx::query_as::<_, (i64, bool)>(q(sql))
                     .bind(name)
                     .fetch_optional(p)
@@ -915,8 +1007,8 @@ impl LockBackend for SqlBackend {
         let version = lease.fence().get();
         let (name, owner, sql) = (lease.name().as_str(), owner.as_str(), &self.inner.sql.renew);
         let rows = self
-            .run("renew", || async move {
-                Ok(pool_match!(&self.inner.upkeep, {
+            .upkeep("renew", true, || async move {
+                Ok(pool_match!(&self.inner.pools, {
                     Postgres(p) | Sqlite(p) => sqlx::query(q(sql))
                         .bind(name)
                         .bind(owner)
@@ -1003,8 +1095,8 @@ impl LockBackend for SqlBackend {
             &self.inner.sql.release,
         );
         let freed = self
-            .run("release", || async move {
-                Ok(match &self.inner.upkeep {
+            .upkeep("release", true, || async move {
+                Ok(match &self.inner.pools {
                     Pools::Postgres(p) => sqlx::query(q(sql))
                         .bind(name)
                         .bind(owner)
@@ -1054,7 +1146,7 @@ impl LockBackend for SqlBackend {
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
         let (name, sql) = (name.as_str(), &self.inner.sql.inspect);
         let row: Option<Row> = self
-            .run("inspect", || async move {
+            .read("inspect", || async move {
                 Ok(pool_match!(&self.inner.pools, {
                     Postgres(p) | Sqlite(p) => {
                         sqlx::query_as::<_, TextHolder>(q(sql))
@@ -1096,7 +1188,7 @@ impl LockBackend for SqlBackend {
         let pattern = like_prefix(prefix);
         let pattern = pattern.as_str();
         let rows: Vec<Row> = self
-            .run("list", || async move {
+            .read("list", || async move {
                 Ok(match &self.inner.pools {
                     Pools::Sqlite(p) => sqlx::query_as::<_, TextRow>(q(sql))
                         .bind(prefix)
@@ -1179,7 +1271,7 @@ mod tests {
     use super::*;
 
     /// docs/sql.md: renewals and releases get `ceil(pool_size / 4)`
-    /// connections of their own, at most 4.
+    /// connections beyond `pool_size`, at most 4.
     #[test]
     fn upkeep_pool_sizes() {
         assert_eq!(upkeep_size(1), 1);

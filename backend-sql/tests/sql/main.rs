@@ -14,5 +14,6 @@ mod races;
 mod restart;
 mod schema;
 mod stale_write;
+mod throughput;
 mod tls;
 mod waiting;
