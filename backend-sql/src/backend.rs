@@ -1,6 +1,6 @@
 //! The [`LockBackend`] over a SQL lock table.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::str::FromStr;
@@ -17,12 +17,14 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{AssertSqlSafe, ConnectOptions};
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, Semaphore};
 use tokio::time::Instant;
 
 use crate::config::SqlConfig;
-use crate::dialect::{guarantees, like_prefix, Dialect, Statements};
-use crate::errors::{is_broken_connection, is_conflict, ErrorContext};
+use crate::dialect::{
+    bucket, guarantees, like_prefix, Dialect, RenewBatch, Statements, RENEW_CHUNK,
+};
+use crate::errors::{duplicate, is_broken_connection, is_conflict, ErrorContext};
 use crate::schema;
 use crate::wait::{backoff, NotifyHub};
 
@@ -48,12 +50,25 @@ pub struct SqlBackend {
 
 struct Inner {
     config: SqlConfig,
-    /// Acquisitions (waiting or not), inspections and fenced writes.
+    /// One pool of `pool_size + upkeep_size(pool_size)` connections for
+    /// every operation. Sharing it lets releases and renewals use every
+    /// idle connection (a pool of their own capped a client's cycle rate at
+    /// what its few connections could release).
     pools: Pools,
-    /// Renewals and releases only, so that they never queue behind waiters
-    /// (a waiter whose statement is stuck in the database holds its
-    /// connection until the operation timeout).
-    upkeep: Pools,
+    /// `pool_size` permits: acquisitions (waiting or not), inspections and
+    /// fenced writes hold one for their statement, renewals and releases
+    /// none. However many waiters are stuck in the database (on a row
+    /// another transaction locks, each holding its connection until the
+    /// operation timeout), `upkeep_size` connections stay for renewals and
+    /// releases, which so never queue behind waiters.
+    main_lane: Semaphore,
+    /// SQLite only: this client's writes run one at a time. SQLite lets one
+    /// connection of the file write at once; connections of one process
+    /// racing for that lock meet it busy and sleep in SQLite's busy handler
+    /// (1 ms and more each time), which cut a client's throughput to a
+    /// fraction of what one writer at a time achieves. Other processes are
+    /// still waited for by `busy_timeout`.
+    sqlite_writes: tokio::sync::Mutex<()>,
     sql: Statements,
     errors: ErrorContext,
     guarantees: Guarantees,
@@ -67,7 +82,17 @@ struct Inner {
     unsure: Mutex<HashMap<(LockName, OwnerToken), Instant>>,
 }
 
-/// The connections of the upkeep pool for a main pool of `pool_size`.
+/// Which operations may take a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lane {
+    /// Acquisitions, inspections, fenced writes: at most `pool_size` at
+    /// once.
+    Main,
+    /// Renewals and releases: any connection.
+    Upkeep,
+}
+
+/// The connections kept for renewals and releases beyond `pool_size`.
 fn upkeep_size(pool_size: u32) -> u32 {
     pool_size.div_ceil(4).clamp(1, 4)
 }
@@ -208,7 +233,8 @@ impl SqlBackend {
         let sql = Statements::new(dialect, &config.table, &config.fence_table);
         let limit = config.connect_timeout;
         let mut hub = None;
-        let (pools, upkeep) = match dialect {
+        let size = config.pool_size + upkeep_size(config.pool_size);
+        let pools = match dialect {
             Dialect::Sqlite => {
                 let path = config.sqlite_path.clone().unwrap_or_default();
                 let options = SqliteConnectOptions::new()
@@ -245,7 +271,7 @@ impl SqlBackend {
                             .connect_lazy_with(options.clone()),
                     )
                 };
-                (pool(config.pool_size), pool(upkeep_size(config.pool_size)))
+                pool(size)
             }
             Dialect::Postgres => {
                 let options = PgConnectOptions::from_str(&config.driver_url)
@@ -265,7 +291,7 @@ impl SqlBackend {
                             .connect_lazy_with(options.clone()),
                     )
                 };
-                (pool(config.pool_size), pool(upkeep_size(config.pool_size)))
+                pool(size)
             }
             Dialect::MySql => {
                 let options = MySqlConnectOptions::from_str(&config.driver_url)
@@ -282,11 +308,11 @@ impl SqlBackend {
                             .connect_lazy_with(options.clone()),
                     )
                 };
-                (pool(config.pool_size), pool(upkeep_size(config.pool_size)))
+                pool(size)
             }
         };
         if dialect != Dialect::Sqlite {
-            tokio::try_join!(warm(&pools, &errors), warm(&upkeep, &errors))?;
+            warm(&pools, &errors).await?;
         }
         tracing::debug!(
             backend = dialect.backend_name(),
@@ -297,14 +323,15 @@ impl SqlBackend {
         Ok(SqlBackend {
             inner: Arc::new(Inner {
                 guarantees: guarantees(dialect),
-                config,
+                main_lane: Semaphore::new(config.pool_size as usize),
+                sqlite_writes: tokio::sync::Mutex::new(()),
                 pools,
-                upkeep,
                 sql,
                 errors,
                 hub,
                 fences_ready: OnceCell::new(),
                 unsure: Mutex::new(HashMap::new()),
+                config,
             }),
         })
     }
@@ -325,11 +352,9 @@ impl SqlBackend {
     /// Cancel safe: the pool is closed either way; connections still in use
     /// close when returned.
     pub async fn close(&self) {
-        for pools in [&self.inner.pools, &self.inner.upkeep] {
-            pool_match!(pools, {
-                Sqlite(p) | Postgres(p) | MySql(p) => p.close().await,
-            })
-        }
+        pool_match!(&self.inner.pools, {
+            Sqlite(p) | Postgres(p) | MySql(p) => p.close().await,
+        })
     }
 
     pub(crate) fn pools(&self) -> &Pools {
@@ -353,6 +378,7 @@ impl SqlBackend {
                 let table = &self.inner.config.fence_table;
                 let errors = &self.inner.errors;
                 let setup = async {
+                    let _admitted = self.admit(Lane::Main, false).await;
                     pool_match!(&self.inner.pools, {
                         Sqlite(p) | Postgres(p) | MySql(p) => {
                             let mut c =
@@ -379,13 +405,73 @@ impl SqlBackend {
     /// with a server restart): the pools do not ping connections before
     /// handing them out. Only for operations that are safe to send twice;
     /// see [`run_once_sent`](Self::run_once_sent).
+    ///
+    /// `run` is for writes of the main lane (acquisitions, force releases);
+    /// [`read`](Self::read) for its reads, [`upkeep`](Self::upkeep) for
+    /// renewals and releases.
     pub(crate) async fn run<T, F, Fut>(&self, op: &str, f: F) -> Result<T, LockError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, sqlx::Error>>,
     {
-        let broken = self.inner.config.pool_size + upkeep_size(self.inner.config.pool_size) + 1;
-        self.run_with(op, broken as usize, f).await
+        self.run_with(op, Lane::Main, true, self.broken_retries(), f)
+            .await
+    }
+
+    /// As [`run`](Self::run), for a read of the main lane (inspections,
+    /// lists): it does not wait for this client's SQLite writes.
+    async fn read<T, F, Fut>(&self, op: &str, f: F) -> Result<T, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        self.run_with(op, Lane::Main, false, self.broken_retries(), f)
+            .await
+    }
+
+    /// As [`run`](Self::run), for renewals and releases (`write`) and the
+    /// reads they make: any connection of the pool, never behind waiters.
+    async fn upkeep<T, F, Fut>(&self, op: &str, write: bool, f: F) -> Result<T, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        self.run_with(op, Lane::Upkeep, write, self.broken_retries(), f)
+            .await
+    }
+
+    /// Every connection of the pool may be one that died with a server
+    /// restart.
+    fn broken_retries(&self) -> usize {
+        (self.inner.config.pool_size + upkeep_size(self.inner.config.pool_size) + 1) as usize
+    }
+
+    /// Waits for what an operation of `lane` needs before it takes a
+    /// connection: a main-lane permit, and on SQLite for a `write` this
+    /// client's write turn (in that order, so an upkeep write never waits
+    /// for a permit). Held until the operation's last attempt is over.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: both queues are fair and forget a dropped waiter.
+    async fn admit(
+        &self,
+        lane: Lane,
+        write: bool,
+    ) -> (
+        Option<tokio::sync::SemaphorePermit<'_>>,
+        Option<tokio::sync::MutexGuard<'_, ()>>,
+    ) {
+        let permit = match lane {
+            // Never closed.
+            Lane::Main => self.inner.main_lane.acquire().await.ok(),
+            Lane::Upkeep => None,
+        };
+        let turn = if write && self.inner.config.dialect == Dialect::Sqlite {
+            Some(self.inner.sqlite_writes.lock().await)
+        } else {
+            None
+        };
+        (permit, turn)
     }
 
     /// As [`run`](Self::run), but a statement that failed on a broken
@@ -397,12 +483,17 @@ impl SqlBackend {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, sqlx::Error>>,
     {
-        self.run_with(op, 0, f).await
+        // SQLite: a fenced write's `BEGIN IMMEDIATE` takes the file's
+        // write lock for the whole transaction, user statements included;
+        // it does not hold this client's write turn for that long.
+        self.run_with(op, Lane::Main, false, 0, f).await
     }
 
     async fn run_with<T, F, Fut>(
         &self,
         op: &str,
+        lane: Lane,
+        write: bool,
         broken_retries: usize,
         mut f: F,
     ) -> Result<T, LockError>
@@ -413,6 +504,9 @@ impl SqlBackend {
         let limit = self.inner.config.op_timeout;
         let until = Instant::now() + limit;
         let dialect = self.inner.config.dialect;
+        let _admitted = tokio::time::timeout_at(until, self.admit(lane, write))
+            .await
+            .map_err(|_| self.inner.errors.timed_out(op, limit))?;
         let (mut conflicts, mut broken) = (0, 0);
         loop {
             match tokio::time::timeout_at(until, f()).await {
@@ -432,6 +526,180 @@ impl SqlBackend {
         }
     }
 
+    /// One batched renewal statement for `leases` (distinct names, at most
+    /// [`RENEW_CHUNK`]): an answer per lease, in order.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: each row was extended or not.
+    async fn renew_chunk(&self, leases: &[&Lease]) -> Vec<Result<Lease, LockError>> {
+        if let [one] = leases {
+            return vec![self.renew(one).await];
+        }
+        // Measured before the statement leaves, as for `renew`.
+        let sent_at = Instant::now();
+        let precision = self.inner.config.dialect.timestamp_precision();
+        let grants: Vec<(Duration, i64)> = leases
+            .iter()
+            .map(|l| {
+                let (granted, units) = self.inner.guarantees.granted_ttl(l.ttl(), precision);
+                (granted, i64::try_from(units).unwrap_or(i64::MAX))
+            })
+            .collect();
+        let names: Vec<&str> = leases.iter().map(|l| l.name().as_str()).collect();
+        let owners: Vec<String> = leases.iter().map(|l| l.owner().to_string()).collect();
+        let versions: Vec<u64> = leases.iter().map(|l| l.fence().get()).collect();
+        let units: Vec<i64> = grants.iter().map(|g| g.1).collect();
+        let renewed = self.renew_rows(&names, &owners, &versions, &units).await;
+        match renewed {
+            Ok(renewed) => leases
+                .iter()
+                .zip(renewed)
+                .zip(&grants)
+                .map(|((lease, ok), (granted, _))| {
+                    if ok {
+                        Ok(lease.renewed(*granted, sent_at))
+                    } else {
+                        Err(Self::lost(lease))
+                    }
+                })
+                .collect(),
+            Err(e) => leases
+                .iter()
+                .map(|_| Err(duplicate(self.inner.config.dialect, &e)))
+                .collect(),
+        }
+    }
+
+    /// Runs the batched renewal for rows given column by column (distinct
+    /// names); whether each was extended, in order.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: each row was extended or not.
+    async fn renew_rows(
+        &self,
+        names: &[&str],
+        owners: &[String],
+        versions: &[u64],
+        units: &[i64],
+    ) -> Result<Vec<bool>, LockError> {
+        let n = names.len();
+        let by_name = |extended: Vec<String>| {
+            let extended: HashSet<String> = extended.into_iter().collect();
+            names
+                .iter()
+                .map(|n| extended.contains(*n))
+                .collect::<Vec<bool>>()
+        };
+        match (&self.inner.pools, &self.inner.sql.renew_batch) {
+            (Pools::Postgres(p), RenewBatch::Arrays(sql)) => {
+                let versions: Vec<i64> = versions.iter().map(|&v| v as i64).collect();
+                let versions = versions.as_slice();
+                let extended = self
+                    .upkeep("renew", true, || async move {
+                        sqlx::query_scalar::<_, String>(q(sql))
+                            .bind(names)
+                            .bind(owners)
+                            .bind(versions)
+                            .bind(units)
+                            .fetch_all(p)
+                            .await
+                    })
+                    .await?;
+                Ok(by_name(extended))
+            }
+            (Pools::Sqlite(p), RenewBatch::Returning(texts)) => {
+                let (size, sql) = bucket(texts, n);
+                let extended = self
+                    .upkeep("renew", true, || async move {
+                        let mut query = sqlx::query_scalar::<_, String>(q(sql));
+                        for i in 0..n {
+                            query = query
+                                .bind(names[i])
+                                .bind(owners[i].as_str())
+                                .bind(versions[i] as i64)
+                                .bind(units[i]);
+                        }
+                        // Padding rows: a NULL name matches no row.
+                        for _ in n..size {
+                            query = query
+                                .bind(None::<&str>)
+                                .bind(None::<&str>)
+                                .bind(None::<i64>)
+                                .bind(None::<i64>);
+                        }
+                        query.fetch_all(p).await
+                    })
+                    .await?;
+                Ok(by_name(extended))
+            }
+            (Pools::MySql(p), RenewBatch::CountThenRead { update, read }) => {
+                let (size, sql) = bucket(update, n);
+                let matched = self
+                    .upkeep("renew", true, || async move {
+                        let mut query = sqlx::query(q(sql));
+                        for i in 0..n {
+                            query = query
+                                .bind(names[i].as_bytes())
+                                .bind(owners[i].as_bytes())
+                                .bind(versions[i])
+                                .bind(units[i]);
+                        }
+                        for _ in n..size {
+                            query = query
+                                .bind(None::<&[u8]>)
+                                .bind(None::<&[u8]>)
+                                .bind(None::<u64>)
+                                .bind(None::<i64>);
+                        }
+                        Ok(query.execute(p).await?.rows_affected())
+                    })
+                    .await?;
+                // Names are distinct, and a row is updated at most once, so
+                // as many matched rows as leases means every lease matched.
+                if matched == n as u64 {
+                    return Ok(vec![true; n]);
+                }
+                // Which ones: a lease's row is extended now exactly when it
+                // still has the lease's owner and version and is live. A row
+                // the UPDATE skipped cannot have become so since: a grant
+                // changes the version, and an expired holding is never
+                // extended. (A row extended by the UPDATE that expired again
+                // before this read is reported lost, which it is by then.)
+                let (size, sql) = bucket(read, n);
+                let rows: Vec<StateRow> = self
+                    .upkeep("renew", false, || async move {
+                        let mut query = sqlx::query_as(q(sql));
+                        for name in names {
+                            query = query.bind(name.as_bytes());
+                        }
+                        for _ in n..size {
+                            query = query.bind(None::<&[u8]>);
+                        }
+                        query.fetch_all(p).await
+                    })
+                    .await?;
+                let rows: HashMap<Vec<u8>, RowState> = rows
+                    .into_iter()
+                    .map(|(name, owner, version, live)| (name, (owner, version, live)))
+                    .collect();
+                Ok((0..n)
+                    .map(|i| {
+                        rows.get(names[i].as_bytes())
+                            .is_some_and(|(owner, version, live)| {
+                                *live != 0
+                                    && *version == versions[i]
+                                    && owner.as_deref() == Some(owners[i].as_bytes())
+                            })
+                    })
+                    .collect())
+            }
+            _ => Err(self.inner.errors.protocol(
+                "renew",
+                "the batched renewal does not match the database".into(),
+            )),
+        }
+    }
+
     fn fence(&self, op: &str, version: u64) -> Result<FencingToken, LockError> {
         FencingToken::new(version).ok_or_else(|| {
             self.inner.errors.protocol(
@@ -442,12 +710,12 @@ impl SqlBackend {
     }
 
     /// The version of `name`'s row and whether it is free (`None`: no
-    /// row), read on the upkeep pool: the release path.
+    /// row), read in the upkeep lane: the release path.
     async fn after_release(&self, name: &LockName) -> Result<Option<(u64, bool)>, LockError> {
         let sql = &self.inner.sql.after_release;
         let name = name.as_str();
-        self.run("release", || async move {
-            Ok(match &self.inner.upkeep {
+        self.upkeep("release", false, || async move {
+            Ok(match &self.inner.pools {
                 Pools::Postgres(p) => sqlx::query_as::<_, (i64, bool)>(q(sql))
                     .bind(name)
                     .fetch_optional(p)
@@ -511,6 +779,12 @@ impl SqlBackend {
         }
     }
 }
+
+/// What MySQL's batched renewal reads back for a name: owner, version,
+/// and whether the row is live (1) by the database clock.
+type RowState = (Option<Vec<u8>>, u64, i64);
+/// The same with the name in front, as the read returns it.
+type StateRow = (Vec<u8>, Option<Vec<u8>>, u64, i64);
 
 /// A held row as PostgreSQL and SQLite return it from `inspect`: owner,
 /// version, time left in units, holder metadata.
@@ -733,8 +1007,8 @@ impl LockBackend for SqlBackend {
         let version = lease.fence().get();
         let (name, owner, sql) = (lease.name().as_str(), owner.as_str(), &self.inner.sql.renew);
         let rows = self
-            .run("renew", || async move {
-                Ok(pool_match!(&self.inner.upkeep, {
+            .upkeep("renew", true, || async move {
+                Ok(pool_match!(&self.inner.pools, {
                     Postgres(p) | Sqlite(p) => sqlx::query(q(sql))
                         .bind(name)
                         .bind(owner)
@@ -761,6 +1035,47 @@ impl LockBackend for SqlBackend {
         }
     }
 
+    /// Renews up to [`RENEW_CHUNK`] leases per statement (chunks of a
+    /// larger batch run at once, each on its own connection), with the
+    /// checks of [`renew`](LockBackend::renew) for every row and each
+    /// lease's own TTL; see `RenewBatch` in `dialect.rs` for each
+    /// database's statement. A name given twice in one batch is renewed by
+    /// `renew` for the second and later leases, since one row can answer
+    /// only one of them in a join.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: each row was extended or not; the old deadlines hold.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        let mut seen = HashSet::with_capacity(leases.len());
+        let (mut batch, mut alone) = (Vec::with_capacity(leases.len()), Vec::new());
+        for (i, lease) in leases.iter().enumerate() {
+            if seen.insert(lease.name()) {
+                batch.push(i);
+            } else {
+                alone.push(i);
+            }
+        }
+        let chunks = futures::future::join_all(batch.chunks(RENEW_CHUNK).map(|chunk| async move {
+            let picked: Vec<&Lease> = chunk.iter().map(|&i| &leases[i]).collect();
+            chunk.iter().copied().zip(self.renew_chunk(&picked).await)
+        }));
+        let singles = futures::future::join_all(
+            alone
+                .iter()
+                .map(|&i| async move { (i, self.renew(&leases[i]).await) }),
+        );
+        let (chunks, singles) = tokio::join!(chunks, singles);
+        let mut answers: Vec<Option<Result<Lease, LockError>>> =
+            std::iter::repeat_with(|| None).take(leases.len()).collect();
+        for (i, answer) in chunks.into_iter().flatten().chain(singles) {
+            answers[i] = Some(answer);
+        }
+        answers
+            .into_iter()
+            .map(|a| a.expect("every lease is in a chunk or renewed alone"))
+            .collect()
+    }
+
     /// Frees the row if owner and version match (PostgreSQL: and notifies
     /// waiters in the same statement). Otherwise `Err(Lost)` if the lock was
     /// granted to anyone after this holding (the row's version is higher,
@@ -780,8 +1095,8 @@ impl LockBackend for SqlBackend {
             &self.inner.sql.release,
         );
         let freed = self
-            .run("release", || async move {
-                Ok(match &self.inner.upkeep {
+            .upkeep("release", true, || async move {
+                Ok(match &self.inner.pools {
                     Pools::Postgres(p) => sqlx::query(q(sql))
                         .bind(name)
                         .bind(owner)
@@ -831,7 +1146,7 @@ impl LockBackend for SqlBackend {
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
         let (name, sql) = (name.as_str(), &self.inner.sql.inspect);
         let row: Option<Row> = self
-            .run("inspect", || async move {
+            .read("inspect", || async move {
                 Ok(pool_match!(&self.inner.pools, {
                     Postgres(p) | Sqlite(p) => {
                         sqlx::query_as::<_, TextHolder>(q(sql))
@@ -873,7 +1188,7 @@ impl LockBackend for SqlBackend {
         let pattern = like_prefix(prefix);
         let pattern = pattern.as_str();
         let rows: Vec<Row> = self
-            .run("list", || async move {
+            .read("list", || async move {
                 Ok(match &self.inner.pools {
                     Pools::Sqlite(p) => sqlx::query_as::<_, TextRow>(q(sql))
                         .bind(prefix)
@@ -956,7 +1271,7 @@ mod tests {
     use super::*;
 
     /// docs/sql.md: renewals and releases get `ceil(pool_size / 4)`
-    /// connections of their own, at most 4.
+    /// connections beyond `pool_size`, at most 4.
     #[test]
     fn upkeep_pool_sizes() {
         assert_eq!(upkeep_size(1), 1);

@@ -16,7 +16,7 @@
 //! | `table`           | `polylock_locks`             | lock table name |
 //! | `fence_table`     | `polylock_fences`            | fence table of [`crate::SqlBackend::fenced`] |
 //! | `max_poll`        | 100ms (MySQL, SQLite), 500ms (PostgreSQL) | longest pause between attempts of a waiting acquire (PostgreSQL: fallback when a notification is missed) |
-//! | `pool_size`       | 8 (SQLite: 4)                | connections per client; renewals and releases use their own `ceil(pool_size / 4)` (at most 4) |
+//! | `pool_size`       | 8 (SQLite: 4)                | connections per client for acquisitions, inspections and fenced writes, in one pool with `ceil(pool_size / 4)` more (at most 4) that only renewals and releases may use beyond them |
 //! | `connect_timeout` | 10s                          | time to open a connection |
 //! | `op_timeout`      | 10s                          | time for one lock operation, then a retryable error |
 //! | `busy_timeout`    | 5s                           | SQLite only: wait for the file's write lock |

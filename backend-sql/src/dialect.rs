@@ -245,6 +245,9 @@ pub fn guarantees(dialect: Dialect) -> Guarantees {
     // A waiter is a client polling (or listening on one channel per table):
     // the database has no record of who waits for which name.
     g.counts_waiters = false;
+    // One statement per batch of up to RENEW_CHUNK leases (MySQL: and one
+    // read when some lease was not renewed); see `RenewBatch`.
+    g.batch_renew = true;
     g
 }
 
@@ -270,6 +273,8 @@ pub(crate) struct Statements {
     /// Binds (PG/SQLite): name, owner, version, ttl units.
     /// Binds (MySQL): ttl units, name, owner, version.
     pub(crate) renew: Arc<str>,
+    /// The batched renewal, see [`RenewBatch`].
+    pub(crate) renew_batch: RenewBatch,
     /// Binds: name, owner, version (PG: + notify channel). PG returns a row
     /// per freed row; others report rows affected.
     pub(crate) release: Arc<str>,
@@ -329,6 +334,54 @@ pub(crate) fn like_prefix(prefix: &str) -> String {
     }
     pattern.push('%');
     pattern
+}
+
+/// The most leases one batched renewal statement carries: 4 binds each
+/// on SQLite and MySQL (1,024 in all, far below SQLite's 32,766 and
+/// MySQL's 65,535), and the watchdog's own batch size.
+pub(crate) const RENEW_CHUNK: usize = 256;
+
+/// The row counts the SQLite and MySQL batch statements are built for: a
+/// batch is padded with rows that match nothing (`NULL` names) up to the
+/// next one, so each connection prepares (and caches) a handful of texts
+/// rather than one per batch length.
+pub(crate) const RENEW_BUCKETS: [usize; 4] = [8, 32, 128, RENEW_CHUNK];
+
+/// How one statement renews many leases, each checked as `renew` checks
+/// one: same name, owner and version, and not expired by the database
+/// clock; each lease with its own TTL.
+#[derive(Debug)]
+pub(crate) enum RenewBatch {
+    /// PostgreSQL: `UPDATE ... FROM unnest(...) ... RETURNING name`.
+    /// Binds: names, owners, versions, ttl units (four arrays, any length).
+    /// Returns the name of each row extended.
+    Arrays(Arc<str>),
+    /// SQLite: `WITH b AS (VALUES ...) UPDATE ... FROM b ... RETURNING
+    /// name`, one text per bucket. Binds per row: name, owner, version, ttl
+    /// units. Returns the name of each row extended.
+    Returning(Vec<(usize, Arc<str>)>),
+    /// MySQL/MariaDB, which has no `UPDATE ... RETURNING`: one multi-table
+    /// UPDATE joined to a derived table of the leases (binds per row: name,
+    /// owner, version, ttl units), whose affected-row count (matched rows,
+    /// with `CLIENT_FOUND_ROWS`) says whether every lease was renewed; only
+    /// when fewer matched, one read (`read`, binds: the names) tells which.
+    CountThenRead {
+        /// The UPDATE, one text per bucket.
+        update: Vec<(usize, Arc<str>)>,
+        /// Returns name, owner, version and whether the row is live, one
+        /// text per bucket.
+        read: Vec<(usize, Arc<str>)>,
+    },
+}
+
+/// The text built for the smallest bucket that holds `n` rows, and that
+/// bucket's size.
+pub(crate) fn bucket(texts: &[(usize, Arc<str>)], n: usize) -> (usize, &Arc<str>) {
+    let (size, sql) = texts
+        .iter()
+        .find(|(size, _)| *size >= n)
+        .unwrap_or_else(|| texts.last().expect("buckets"));
+    (*size, sql)
 }
 
 /// SQLite's clock in milliseconds since the Unix epoch. `julianday('now')`
@@ -399,6 +452,27 @@ impl Statements {
                         "UPDATE {t} SET expires_at = {now} + ?4 \
                          WHERE name = ?1 AND owner = ?2 AND version = ?3 AND expires_at > {now}"
                     )),
+                    // julianday('now') is one value for the whole
+                    // statement: every row is judged and extended from the
+                    // same instant.
+                    renew_batch: RenewBatch::Returning(
+                        RENEW_BUCKETS
+                            .iter()
+                            .map(|&n| {
+                                let rows = vec!["(?, ?, ?, ?)"; n].join(", ");
+                                (
+                                    n,
+                                    s(format!(
+                                        "WITH b(name, owner, version, units) AS (VALUES {rows}) \
+                                         UPDATE {t} SET expires_at = {now} + b.units FROM b \
+                                         WHERE {t}.name = b.name AND {t}.owner = b.owner \
+                                         AND {t}.version = b.version AND {t}.expires_at > {now} \
+                                         RETURNING {t}.name"
+                                    )),
+                                )
+                            })
+                            .collect(),
+                    ),
                     release: s(format!(
                         "UPDATE {t} SET owner = NULL, expires_at = {now}, holder_meta = NULL \
                          WHERE name = ?1 AND owner = ?2 AND version = ?3"
@@ -480,6 +554,17 @@ impl Statements {
                          WHERE name = $1 AND owner = $2 AND version = $3 AND expires_at > {now}",
                         exp = ttl("$4")
                     )),
+                    // COLLATE "C" names the column's collation for the
+                    // array's text, which has the database default.
+                    renew_batch: RenewBatch::Arrays(s(format!(
+                        "UPDATE {t} AS l SET expires_at = {exp} \
+                         FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) \
+                         AS b(name, owner, version, units) \
+                         WHERE l.name = b.name COLLATE \"C\" AND l.owner = b.owner \
+                         AND l.version = b.version AND l.expires_at > {now} \
+                         RETURNING l.name",
+                        exp = ttl("b.units")
+                    ))),
                     // The NOTIFY is part of the release statement, so it is
                     // sent exactly when the release commits.
                     release: s(format!(
@@ -587,6 +672,44 @@ impl Statements {
                         "UPDATE {t} SET expires_at = {now} + INTERVAL ? MICROSECOND \
                          WHERE name = ? AND owner = ? AND version = ? AND expires_at > {now}"
                     )),
+                    // The CASTs give the derived table's columns the
+                    // types of the lock table's, whatever the binds are.
+                    // UTC_TIMESTAMP(6) is one value for the whole statement.
+                    renew_batch: RenewBatch::CountThenRead {
+                        update: RENEW_BUCKETS
+                            .iter()
+                            .map(|&n| {
+                                let first = "SELECT CAST(? AS BINARY) AS name, \
+                                             CAST(? AS BINARY) AS owner, \
+                                             CAST(? AS UNSIGNED) AS version, \
+                                             CAST(? AS SIGNED) AS units";
+                                let rest = " UNION ALL SELECT ?, ?, ?, ?".repeat(n - 1);
+                                (
+                                    n,
+                                    s(format!(
+                                        "UPDATE {t} AS l JOIN ({first}{rest}) AS b \
+                                         ON l.name = b.name AND l.owner = b.owner \
+                                         AND l.version = b.version \
+                                         SET l.expires_at = {now} + INTERVAL b.units MICROSECOND \
+                                         WHERE l.expires_at > {now}"
+                                    )),
+                                )
+                            })
+                            .collect(),
+                        read: RENEW_BUCKETS
+                            .iter()
+                            .map(|&n| {
+                                let names = vec!["?"; n].join(", ");
+                                (
+                                    n,
+                                    s(format!(
+                                        "SELECT name, owner, version, expires_at > {now} \
+                                         FROM {t} WHERE name IN ({names})"
+                                    )),
+                                )
+                            })
+                            .collect(),
+                    },
                     release: s(format!(
                         "UPDATE {t} SET owner = NULL, expires_at = {now}, holder_meta = NULL \
                          WHERE name = ? AND owner = ? AND version = ?"

@@ -122,6 +122,31 @@ impl ErrorContext {
     }
 }
 
+/// The same error again, for each lease of a batch that failed as a whole
+/// ([`LockError`] is not `Clone`): this crate's backend errors carry a
+/// [`SqlError`], which is; anything else keeps its text and retryable flag.
+pub(crate) fn duplicate(dialect: Dialect, e: &LockError) -> LockError {
+    match e {
+        LockError::Backend {
+            backend,
+            retryable,
+            source,
+        } => {
+            let source = source
+                .downcast_ref::<SqlError>()
+                .cloned()
+                .unwrap_or_else(|| SqlError::new(source.to_string()));
+            LockError::Backend {
+                backend,
+                retryable: *retryable,
+                source: Box::new(source),
+            }
+        }
+        LockError::Lost { name } => LockError::Lost { name: name.clone() },
+        other => LockError::permanent(dialect.backend_name(), SqlError::new(other.to_string())),
+    }
+}
+
 /// The error and its causes on one line: sqlx's Display often hides the
 /// interesting part (the OS error) in `source()`.
 fn render(e: &sqlx::Error) -> String {

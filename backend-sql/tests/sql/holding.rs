@@ -266,14 +266,23 @@ async fn one_round_trip_per_statement(dialect: &str, url: String, port: u16) {
     sleep(Duration::from_millis(300)).await;
     proxy.set_mode(Mode::Delay(Duration::from_millis(300)));
     let one_trip = Duration::from_millis(600);
-    let started = Instant::now();
-    let lease = client.renew(&lease).await.unwrap();
-    let renew = started.elapsed();
-    let started = Instant::now();
-    assert!(try_once(&client, &unique("rt"), Duration::from_secs(60))
-        .await
-        .is_some());
-    let acquire = started.elapsed();
+    // The pool's connections take turns, and a statement's first run on a
+    // connection prepares it (one round trip more): of three runs in a row
+    // on a pool of two connections, one finds it prepared. A ping would
+    // cost every run a round trip.
+    let mut lease = lease;
+    let mut renew = Duration::MAX;
+    let mut acquire = Duration::MAX;
+    for _ in 0..3 {
+        let started = Instant::now();
+        lease = client.renew(&lease).await.unwrap();
+        renew = renew.min(started.elapsed());
+        let started = Instant::now();
+        assert!(try_once(&client, &unique("rt"), Duration::from_secs(60))
+            .await
+            .is_some());
+        acquire = acquire.min(started.elapsed());
+    }
     for (what, took) in [("renew", renew), ("acquire", acquire)] {
         assert!(
             took >= one_trip && took < one_trip * 7 / 4,
@@ -558,7 +567,7 @@ async fn mariadb_connections_ended_by_the_server_are_replaced() {
 }
 
 /// A fresh client opens its connections at connect: its first acquire, its
-/// first renewal (on the upkeep pool) and its release, spaced as a holder
+/// first renewal and its release, spaced as a holder
 /// spaces them, open no connection (and so pay no handshake inside the TTL).
 async fn lease_operations_of_a_fresh_client_open_no_connection(url: String, port: u16) {
     let proxy = Proxy::start(([127, 0, 0, 1], port).into()).expect("proxy");

@@ -2,6 +2,7 @@
 //! files, and PostgreSQL and MariaDB servers spawned by the test kit.
 
 // The test support every backend crate keeps in tests/common/mod.rs.
+mod batch;
 #[path = "../common/mod.rs"]
 mod common;
 mod config;
@@ -13,5 +14,6 @@ mod races;
 mod restart;
 mod schema;
 mod stale_write;
+mod throughput;
 mod tls;
 mod waiting;
