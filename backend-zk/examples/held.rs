@@ -43,7 +43,13 @@ async fn main() -> Result<(), LockError> {
         let guards: Vec<_> = futures::stream::iter(0..n)
             .map(|i| {
                 let locker = locker.clone();
-                async move { locker.lock(format!("held/{n}/{i}")).ttl(ttl).acquire().await }
+                async move {
+                    locker
+                        .lock(format!("held/{n}/{i}"))
+                        .ttl(ttl)
+                        .acquire()
+                        .await
+                }
             })
             .buffer_unordered(64)
             .collect::<Vec<_>>()
