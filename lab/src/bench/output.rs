@@ -484,7 +484,8 @@ pub fn markdown(r: &Report) -> String {
          needs and no lock layer: Redis `SET NX PX` + `DEL` (on all three nodes at once for \
          Redlock); etcd a put-if-absent transaction with a lease + a delete; SQL one upsert + one \
          update on a table of the same shape, pool without a ping per statement; ZooKeeper an \
-         ephemeral sequential create + a delete. The round trip is one minimal request (`PING`, \
+         ephemeral sequential create + the children list + a delete (a node cannot know it is \
+         the lowest without the list, and a multi cannot mix reads and writes). The round trip is one minimal request (`PING`, \
          `SELECT 1`, a get, an exists).\n\
          - Cycle: polylock's guard API (`try_acquire` + `release`) and the raw cycle alternate in \
          ten short rounds so load changes hit both alike.\n\
