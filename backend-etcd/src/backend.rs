@@ -487,7 +487,13 @@ impl EtcdBackend {
                 if ahead.only {
                     queue::wait_last(conn, pfx, key, my_rev, session.id, &ahead).await
                 } else {
-                    queue::wait_deleted(conn, &pred.key, ahead.rev)
+                    // Also watch the claim before it: when that one goes,
+                    // ours is next in line and watches as such (above) while
+                    // its predecessor holds, so the hand-off to ours needs no
+                    // read. A delete still wakes at most two waiters.
+                    let mut keys = vec![pred.key.as_str()];
+                    keys.extend(ahead.pred2.as_ref().map(|c| c.key.as_str()));
+                    queue::wait_any_deleted(conn, &keys, ahead.rev)
                         .await
                         .map(|_| queue::LastEnd::Recheck)
                 }

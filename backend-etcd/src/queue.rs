@@ -158,6 +158,9 @@ pub(crate) async fn holder(
 pub(crate) struct Ahead {
     /// The claim just before ours (the highest create revision below it).
     pub(crate) pred: Option<Claim>,
+    /// The claim just before `pred`, if the read showed one: its delete
+    /// makes `pred` the holder and ours the next in line.
+    pub(crate) pred2: Option<Claim>,
     /// `pred` is the only claim ahead of ours: once it is deleted, ours is
     /// the lowest for good (claims created later sort after ours).
     pub(crate) only: bool,
@@ -219,15 +222,16 @@ pub(crate) async fn look_ahead(
         };
         // The page is complete (`more` false) and shows one claim: nothing
         // else is ahead.
-        let claims = page
+        let mut claims = page
             .kvs()
             .iter()
-            .filter(|kv| is_claim(lock_prefix, kv.key()))
-            .count();
-        let only = pred.is_some() && claims == 1 && !page.more();
+            .filter(|kv| is_claim(lock_prefix, kv.key()));
+        let pred2 = claims.nth(1).and_then(Claim::from_kv);
+        let only = pred.is_some() && pred2.is_none() && !page.more();
         let mine = own.kvs().first().and_then(Claim::from_kv);
         return Ok(Ahead {
             pred,
+            pred2,
             only,
             mine,
             rev,
@@ -662,8 +666,33 @@ pub(crate) async fn wait_deleted(
     key: &str,
     seen_at: i64,
 ) -> Result<WatchEnd, LockError> {
+    wait_any_deleted(conn, &[key], seen_at).await
+}
+
+/// [`wait_deleted`] for several keys at once, on one watch stream (one
+/// watch per key): ends at the first delete of any of them.
+///
+/// # Cancel safety
+/// Cancel safe: dropping it closes the watch stream.
+pub(crate) async fn wait_any_deleted(
+    conn: &Conn,
+    keys: &[&str],
+    seen_at: i64,
+) -> Result<WatchEnd, LockError> {
+    let what = "watching the predecessor";
+    let Some((first, more)) = keys.split_first() else {
+        return Ok(WatchEnd::Recheck);
+    };
     let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-    let mut stream = conn.watch(key, opts).await?;
+    let mut stream = conn.watch(*first, opts.clone()).await?;
+    for key in more {
+        stream
+            .watch(*key, Some(opts.clone()))
+            .await
+            .map_err(|e| crate::errors::from_etcd(what, e))?;
+    }
+    // etcd answers the creations in the order they were asked.
+    let mut created = 0;
     loop {
         match stream.message().await {
             Ok(Some(r)) => {
@@ -677,7 +706,9 @@ pub(crate) async fn wait_deleted(
                     return Ok(WatchEnd::Recheck);
                 }
                 if r.created() {
-                    let from = header_revision("watching the predecessor", r.header())?;
+                    let key = keys.get(created).copied().unwrap_or(first);
+                    created += 1;
+                    let from = header_revision(what, r.header())?;
                     if !watch_covers(seen_at, from) {
                         // Writes landed between our read and the watch; the
                         // delete may be one of them. Unchanged since the read
@@ -690,7 +721,7 @@ pub(crate) async fn wait_deleted(
                 }
             }
             Ok(None) => return Ok(WatchEnd::Recheck),
-            Err(e) => return Err(crate::errors::from_etcd("watching the predecessor", e)),
+            Err(e) => return Err(crate::errors::from_etcd(what, e)),
         }
     }
 }

@@ -200,3 +200,37 @@ async fn a_waiter_whose_claim_was_deleted_does_not_hold() {
     assert!(g2.fence() > fence3, "waiter 2 queued again, behind 3");
     g2.release().await.unwrap();
 }
+
+/// Deeper in the queue too: the third in line also watches the claim two
+/// ahead, and when that one goes (the second holds), it reads the queue
+/// once while the second holds; so when the second releases, the third
+/// holds without a request of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_third_in_line_holds_without_reading_the_queue_again() {
+    let (server, endpoints, url) = server();
+    let lock = name("no-read-3");
+    let (_h, holder) = client(&url).await;
+    let guard = holder.lock(&lock).acquire().await.unwrap();
+    let spawn = |locker: lock_core::Locker| {
+        let l = lock.clone();
+        tokio::spawn(async move {
+            acquire_waiting(&locker, &l, Duration::from_secs(30))
+                .await
+                .unwrap()
+        })
+    };
+    let (_a, second) = client(&url).await;
+    let (_b, third) = client(&url).await;
+    let w2 = spawn(second);
+    wait_claims(&endpoints, &lock, 2).await;
+    let w3 = spawn(third);
+    wait_claims(&endpoints, &lock, 3).await;
+    guard.release().await.unwrap();
+    let g2 = timeout(Duration::from_secs(10), w2).await.unwrap().unwrap();
+    let before = settled_reads(server.addr()).await;
+    g2.release().await.unwrap();
+    let g3 = timeout(Duration::from_secs(10), w3).await.unwrap().unwrap();
+    let after = handled(server.addr(), "Range").await + handled(server.addr(), "Txn").await;
+    assert_eq!(after - before, 0, "requests between release and holding");
+    g3.release().await.unwrap();
+}
