@@ -39,7 +39,8 @@ async fn main() -> Result<(), LockError> {
     let lease = lease_client.grant(300, None).await.expect("grant").id();
     let mut kv = raw.kv_client();
     let key = format!("raw/cycle/{lease:x}");
-    let (mut t_raw, mut t_backend, mut t_locker) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut t_raw, mut t_count, mut t_backend, mut t_locker) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let want = |w: &str| only.as_deref().is_none_or(|o| o == w);
     for _ in 0..rounds / 10 {
         if want("raw") {
@@ -59,6 +60,37 @@ async fn main() -> Result<(), LockError> {
                 kv.txn(txn).await.expect("txn");
                 kv.delete(key.as_str(), None).await.expect("delete");
                 t_raw.push(t.elapsed());
+            }
+        }
+        if want("rawcount") {
+            // The raw cycle with the backend's count of the queue in its
+            // transaction: what that read costs etcd.
+            for _ in 0..10 {
+                let t = Instant::now();
+                let txn = Txn::new()
+                    .when(vec![Compare::create_revision(
+                        key.as_str(),
+                        CompareOp::Equal,
+                        0,
+                    )])
+                    .and_then(vec![
+                        TxnOp::put(
+                            key.as_str(),
+                            "owner",
+                            Some(PutOptions::new().with_lease(lease)),
+                        ),
+                        TxnOp::get(
+                            "raw/cycle/0",
+                            Some(
+                                etcd_client::GetOptions::new()
+                                    .with_range("raw/cycle/g")
+                                    .with_count_only(),
+                            ),
+                        ),
+                    ]);
+                kv.txn(txn).await.expect("txn");
+                kv.delete(key.as_str(), None).await.expect("delete");
+                t_count.push(t.elapsed());
             }
         }
         if want("backend") {
@@ -86,6 +118,7 @@ async fn main() -> Result<(), LockError> {
     }
     for (what, v) in [
         ("raw", &mut t_raw),
+        ("rawcount", &mut t_count),
         ("backend", &mut t_backend),
         ("locker", &mut t_locker),
     ] {
