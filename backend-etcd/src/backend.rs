@@ -490,7 +490,7 @@ impl EtcdBackend {
                     // Also watch the claim before it: when that one goes,
                     // ours is next in line and watches as such (above) while
                     // its predecessor holds, so the hand-off to ours needs no
-                    // read. A delete still wakes at most two waiters.
+                    // read. A waiter never watches the whole queue.
                     let mut keys = vec![pred.key.as_str()];
                     keys.extend(ahead.pred2.as_ref().map(|c| c.key.as_str()));
                     queue::wait_any_deleted(conn, &keys, ahead.rev)
