@@ -16,7 +16,7 @@ use tokio::time::{sleep, sleep_until, timeout_at, Instant};
 use crate::config::EtcdConfig;
 use crate::conn::Conn;
 use crate::errors::{from_etcd, is_auth_failure, lease_gone, retryable, timed_out, BACKEND};
-use crate::queue::{self, Claim, Released, Values, WatchEnd};
+use crate::queue::{self, Claim, Released, Values};
 use crate::session::{spawn_cleanup, Cleanup, Closed, Session, SessionInfo, SessionUse};
 use crate::slot::{Slot, Slots};
 use lock_core::{owner_value, parse_owner_value};
@@ -373,13 +373,21 @@ impl EtcdBackend {
                 Err(e) => return Err(e),
             };
             claim.how = Cleanup::Revision(created.rev);
-            if !created.first {
+            // Not alone in the range: one read tells whether ours is first
+            // and, if not, whom to wait for.
+            let ahead = if created.alone {
+                None
+            } else {
+                let a = queue::look_ahead(conn, &pfx, &key, created.rev).await?;
+                (!a.first(&key, created.rev, session.id)).then_some(a)
+            };
+            if let Some(ahead) = ahead {
                 let Some(deadline) = deadline else {
                     claim.delete().await?;
                     return Ok(None);
                 };
                 match self
-                    .wait_turn(&session, &pfx, &key, created.rev, deadline)
+                    .wait_turn(&session, &pfx, &key, created.rev, deadline, Some(ahead))
                     .await?
                 {
                     Turn::Mine => {}
@@ -434,7 +442,9 @@ impl EtcdBackend {
     }
 
     /// Waits until our claim (created at `my_rev`) is the lowest: watch the
-    /// delete of the claim just before it, then look again.
+    /// delete of the claim just before it, then look again; behind the
+    /// last claim ahead, its delete alone says so (see
+    /// [`queue::wait_last`]). `seen` is a look at the queue already made.
     async fn wait_turn(
         &self,
         session: &Session,
@@ -442,6 +452,7 @@ impl EtcdBackend {
         key: &str,
         my_rev: i64,
         deadline: Instant,
+        mut seen: Option<queue::Ahead>,
     ) -> Result<Turn, LockError> {
         let conn = self.conn();
         loop {
@@ -451,52 +462,53 @@ impl EtcdBackend {
             if session.is_closed() {
                 return Ok(Turn::Gone);
             }
-            let found = match timeout_at(deadline, queue::predecessor(conn, pfx, my_rev)).await {
-                Err(_) => return Ok(Turn::TimedOut),
-                Ok(Err(e)) if e.is_retryable() => {
-                    pause_until(RETRY_PAUSE, deadline).await;
-                    continue;
-                }
-                Ok(Err(e)) => return Err(e),
-                Ok(Ok(found)) => found,
-            };
-            match found {
-                (None, _) => {
-                    // Nobody ahead. Confirm we are the holder: our claim is
-                    // still there, on our session's lease (so that lease is
-                    // alive in etcd right now).
-                    let holder =
-                        match timeout_at(deadline, queue::holder(conn, pfx, Values::Skip)).await {
-                            Err(_) => return Ok(Turn::TimedOut),
-                            Ok(Err(e)) if e.is_retryable() => {
-                                pause_until(RETRY_PAUSE, deadline).await;
-                                continue;
-                            }
-                            Ok(Err(e)) => return Err(e),
-                            Ok(Ok(h)) => h,
-                        };
-                    return Ok(match holder {
-                        Some(h)
-                            if h.key == key && h.create_rev == my_rev && h.lease == session.id =>
-                        {
-                            Turn::Mine
-                        }
-                        _ => Turn::Gone,
-                    });
-                }
-                (Some(ahead), seen_at) => {
-                    let ended = tokio::select! {
-                        r = queue::wait_deleted(conn, &ahead.key, seen_at) => r,
-                        _ = sleep_until(deadline) => return Ok(Turn::TimedOut),
-                        _ = session.closed() => return Ok(Turn::Gone),
-                        _ = sleep(RECHECK) => Ok(WatchEnd::Recheck),
-                    };
-                    match ended {
-                        Ok(_) => {}
-                        Err(e) if e.is_retryable() => pause_until(RETRY_PAUSE, deadline).await,
-                        Err(e) => return Err(e),
+            let ahead = match seen.take() {
+                Some(a) => a,
+                None => match timeout_at(deadline, queue::look_ahead(conn, pfx, key, my_rev)).await
+                {
+                    Err(_) => return Ok(Turn::TimedOut),
+                    Ok(Err(e)) if e.is_retryable() => {
+                        pause_until(RETRY_PAUSE, deadline).await;
+                        continue;
                     }
+                    Ok(Err(e)) => return Err(e),
+                    Ok(Ok(a)) => a,
+                },
+            };
+            // Our claim must still be there, on our session's lease (so
+            // that lease is alive in etcd as of the read).
+            if !ahead.is_mine(key, my_rev, session.id) {
+                return Ok(Turn::Gone);
+            }
+            let Some(pred) = ahead.pred.as_ref() else {
+                return Ok(Turn::Mine);
+            };
+            let waiting = async {
+                if ahead.only {
+                    queue::wait_last(conn, pfx, key, my_rev, session.id, &ahead).await
+                } else {
+                    // Also watch the claim before it: when that one goes,
+                    // ours is next in line and watches as such (above) while
+                    // its predecessor holds, so the hand-off to ours needs no
+                    // read. A waiter never watches the whole queue.
+                    let mut keys = vec![pred.key.as_str()];
+                    keys.extend(ahead.pred2.as_ref().map(|c| c.key.as_str()));
+                    queue::wait_any_deleted(conn, &keys, ahead.rev)
+                        .await
+                        .map(|_| queue::LastEnd::Recheck)
                 }
+            };
+            let ended = tokio::select! {
+                r = waiting => r,
+                _ = sleep_until(deadline) => return Ok(Turn::TimedOut),
+                _ = session.closed() => return Ok(Turn::Gone),
+                _ = sleep(RECHECK) => Ok(queue::LastEnd::Recheck),
+            };
+            match ended {
+                Ok(queue::LastEnd::Mine) => return Ok(Turn::Mine),
+                Ok(queue::LastEnd::Recheck) => {}
+                Err(e) if e.is_retryable() => pause_until(RETRY_PAUSE, deadline).await,
+                Err(e) => return Err(e),
             }
         }
     }
@@ -683,6 +695,97 @@ impl LockBackend for EtcdBackend {
         Ok(lease.renewed(state.ttl, state.last_ok_sent))
     }
 
+    /// [`renew`](LockBackend::renew) for many leases at once: the claim
+    /// keys are read by one read-only transaction per 128 leases (etcd's
+    /// default limit of operations per transaction), and each session the
+    /// leases are on sends one keepalive for all of them (the locks of one
+    /// client and TTL share one etcd lease). Each lease is then answered as
+    /// `renew` would: its claim must exist with its create revision on its
+    /// session's lease, else `Err(Lost)` for that lease alone; the renewed
+    /// lease is dated from the send time of that keepalive.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: read only, apart from keepalives the sessions send
+    /// anyway.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        let lost = |lease: &Lease| LockError::Lost {
+            name: lease.name().to_string(),
+        };
+        // Each lease's key, revision and session, or its answer already.
+        let mut out: Vec<Option<Result<Lease, LockError>>> = Vec::with_capacity(leases.len());
+        let mut live: Vec<(usize, &str, i64, Arc<Session>)> = Vec::new();
+        for (i, lease) in leases.iter().enumerate() {
+            let rev = i64::try_from(lease.fence().get()).unwrap_or(-1);
+            let found = lease.backend_key().and_then(|key| {
+                let session = self.session_of_key(key)?;
+                session
+                    .holds(key, lease.owner(), rev)
+                    .then_some((key, session))
+            });
+            match found {
+                Some((key, session)) => {
+                    live.push((i, key, rev, session));
+                    out.push(None);
+                }
+                None => out.push(Some(Err(lost(lease)))),
+            }
+        }
+        // One keepalive per session, sent after every lease on it was dated.
+        let mut sessions: Vec<(Arc<Session>, Instant, Instant)> = Vec::new();
+        for (i, _, _, session) in &live {
+            let (sent, deadline) = (leases[*i].sent_at(), leases[*i].deadline());
+            match sessions
+                .iter_mut()
+                .find(|(s, _, _)| Arc::ptr_eq(s, session))
+            {
+                Some((_, after, until)) => {
+                    *after = (*after).max(sent);
+                    *until = (*until).max(deadline);
+                }
+                None => sessions.push((Arc::clone(session), sent, deadline)),
+            }
+        }
+        let keys: Vec<&str> = live.iter().map(|(_, k, _, _)| *k).collect();
+        let (claims, fresh) = tokio::join!(
+            queue::claims_of_many(self.conn(), &keys),
+            futures::future::join_all(
+                sessions
+                    .iter()
+                    .map(|(s, after, until)| s.keepalive_after(*after, *until))
+            ),
+        );
+        let answered = Instant::now();
+        for ((i, key, rev, session), claim) in live.into_iter().zip(claims) {
+            let lease = &leases[i];
+            let k = sessions
+                .iter()
+                .position(|(s, _, _)| Arc::ptr_eq(s, &session))
+                .expect("every live lease's session is listed");
+            out[i] = Some(match claim {
+                Err(e) => Err(e),
+                Ok(Some(c)) if c.create_rev == rev && c.lease == session.id => match fresh[k] {
+                    // A keepalive answered past this lease's deadline comes
+                    // too late for it, as in `renew`.
+                    Ok(state) if answered <= lease.deadline() => {
+                        if session.extend(key, rev, state.last_ok_sent + state.ttl) {
+                            Ok(lease.renewed(state.ttl, state.last_ok_sent))
+                        } else {
+                            Err(lost(lease))
+                        }
+                    }
+                    _ => Err(lost(lease)),
+                },
+                Ok(_) => {
+                    session.forget(key, rev, lease.owner());
+                    Err(lost(lease))
+                }
+            });
+        }
+        out.into_iter()
+            .map(|r| r.expect("every lease is answered"))
+            .collect()
+    }
+
     /// Deletes the claim if it is still ours (same value and create
     /// revision; a plain delete when this client holds exactly this claim).
     /// Released through this client before: `Ok`. Otherwise, a claim that
@@ -857,6 +960,7 @@ pub fn guarantees() -> Guarantees {
     g.holder_meta = true;
     g.list = true;
     g.counts_waiters = true;
+    g.batch_renew = true;
     g
 }
 

@@ -34,10 +34,16 @@
 //!   key directly under the prefix whose rest is a lease id, so `a` and
 //!   `a/b` are different locks.
 //! - **Order.** The claim with the lowest create revision holds. A waiter
-//!   watches only the deletion of the claim just before its own (no
-//!   thundering herd), starting at the revision it read the queue at, so
-//!   no delete is missed; then it checks again that it is first and that
-//!   its own claim is still on its live lease before reporting success.
+//!   watches the deletion of the claim just before its own and of the one
+//!   before that (never the whole queue: no thundering herd), from "now", with a check read if writes landed since its read
+//!   of the queue, so no delete is missed; on a delete it reads the queue
+//!   again (the claims ahead and its own claim, in one transaction). The
+//!   waiter whose only claim ahead is the holder's watches both keys on one
+//!   range watch instead (deletes of other keys sorting between the two
+//!   are skipped), and holds at the holder's delete without another
+//!   request: nothing can queue ahead of it any more, and its own claim
+//!   (on its live lease) would have been deleted first in that same watch.
+//!   So a hand-off is the release plus one watch event.
 //!   Waiters get the lock in the order they queued ([`Guarantees::fair_fifo`]).
 //!   Tasks of one client asking for the same name queue inside the client
 //!   first (one claim key per name per session), then in etcd.

@@ -153,29 +153,89 @@ pub(crate) async fn holder(
     Ok(first_in(lock_prefix, &r).flatten())
 }
 
-/// The claim just before the one created at `my_rev` (the highest create
-/// revision below it), and the revision the read saw: a watch from the
-/// next revision misses no delete.
+/// What one read of the queue saw from our claim's place in it.
+#[derive(Clone, Debug)]
+pub(crate) struct Ahead {
+    /// The claim just before ours (the highest create revision below it).
+    pub(crate) pred: Option<Claim>,
+    /// The claim just before `pred`, if the read showed one: its delete
+    /// makes `pred` the holder and ours the next in line.
+    pub(crate) pred2: Option<Claim>,
+    /// `pred` is the only claim ahead of ours: once it is deleted, ours is
+    /// the lowest for good (claims created later sort after ours).
+    pub(crate) only: bool,
+    /// Our own claim, if it exists (on its lease, so the lease is alive).
+    pub(crate) mine: Option<Claim>,
+    /// The revision the read saw: a watch from the next one misses no
+    /// delete.
+    pub(crate) rev: i64,
+}
+
+impl Ahead {
+    /// Whether our claim (`key`, created at `my_rev` on lease `lease`) is
+    /// the lowest: nothing ahead, and it exists, on our lease.
+    pub(crate) fn first(&self, key: &str, my_rev: i64, lease: i64) -> bool {
+        self.pred.is_none() && self.is_mine(key, my_rev, lease)
+    }
+
+    /// Whether our claim still exists as we created it.
+    pub(crate) fn is_mine(&self, key: &str, my_rev: i64, lease: i64) -> bool {
+        self.mine
+            .as_ref()
+            .is_some_and(|c| c.key == key && c.create_rev == my_rev && c.lease == lease)
+    }
+}
+
+/// The claims ahead of ours (created at `my_rev`) and our own claim, read
+/// in one transaction, so at one revision: with nothing ahead and our claim
+/// there, ours is the lowest, i.e. holds, and its lease was alive at that
+/// revision. One round trip where a predecessor read and a holder read
+/// took two.
 ///
 /// # Cancel safety
 /// Cancel safe: read only.
-pub(crate) async fn predecessor(
+pub(crate) async fn look_ahead(
     conn: &Conn,
     lock_prefix: &str,
+    key: &str,
     my_rev: i64,
-) -> Result<(Option<Claim>, i64), LockError> {
+) -> Result<Ahead, LockError> {
     let what = "reading the claim ahead in the queue";
     let mut limit = PAGE;
     loop {
         let (start, opts) = claims_options(lock_prefix, SortOrder::Descend, limit, Values::Skip);
-        let r = conn
-            .get(what, start, Some(opts.with_max_create_revision(my_rev - 1)))
-            .await?;
+        let txn = Txn::new().and_then(vec![
+            TxnOp::get(start, Some(opts.with_max_create_revision(my_rev - 1))),
+            TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
+        ]);
+        let r = conn.txn(what, Retry::Any, txn).await?;
         let rev = header_revision(what, r.header())?;
-        match first_in(lock_prefix, &r) {
-            Some(found) => return Ok((found, rev)),
-            None => limit = 0,
-        }
+        let ops = r.op_responses();
+        let (Some(TxnOpResponse::Get(page)), Some(TxnOpResponse::Get(own))) =
+            (ops.first(), ops.get(1))
+        else {
+            return Err(unexpected(what, "the transaction answered without a read"));
+        };
+        let Some(pred) = first_in(lock_prefix, page) else {
+            limit = 0;
+            continue;
+        };
+        // The page is complete (`more` false) and shows one claim: nothing
+        // else is ahead.
+        let mut claims = page
+            .kvs()
+            .iter()
+            .filter(|kv| is_claim(lock_prefix, kv.key()));
+        let pred2 = claims.nth(1).and_then(Claim::from_kv);
+        let only = pred.is_some() && pred2.is_none() && !page.more();
+        let mine = own.kvs().first().and_then(Claim::from_kv);
+        return Ok(Ahead {
+            pred,
+            pred2,
+            only,
+            mine,
+            rev,
+        });
     }
 }
 
@@ -194,19 +254,81 @@ pub(crate) async fn claim_of(conn: &Conn, key: &str) -> Result<Option<Claim>, Lo
     Ok(r.kvs().first().and_then(Claim::from_kv))
 }
 
+/// How many keys one transaction of [`claims_of_many`] reads: etcd refuses
+/// transactions of more than 128 operations by default (`--max-txn-ops`).
+pub(crate) const KEYS_PER_TXN: usize = 128;
+
+/// Our claims `keys` as they are now (`None` for a key that does not
+/// exist), in order: one read-only transaction per [`KEYS_PER_TXN`] keys,
+/// all sent at once. A failed transaction fails only its own keys.
+///
+/// # Cancel safety
+/// Cancel safe: read only.
+pub(crate) async fn claims_of_many(
+    conn: &Conn,
+    keys: &[&str],
+) -> Vec<Result<Option<Claim>, LockError>> {
+    let what = "checking the lock keys";
+    let chunks = keys.chunks(KEYS_PER_TXN).map(|chunk| async move {
+        let gets = chunk
+            .iter()
+            .map(|k| TxnOp::get(*k, Some(GetOptions::new().with_keys_only())))
+            .collect::<Vec<_>>();
+        let r = match conn.txn(what, Retry::Any, Txn::new().and_then(gets)).await {
+            Ok(r) => r,
+            Err(e) => return each_failed(e, chunk.len()),
+        };
+        let ops = r.op_responses();
+        if ops.len() != chunk.len() {
+            return each_failed(
+                unexpected(what, "the transaction answered another number of reads"),
+                chunk.len(),
+            );
+        }
+        ops.iter()
+            .map(|op| match op {
+                TxnOpResponse::Get(g) => Ok(g.kvs().first().and_then(Claim::from_kv)),
+                _ => Err(unexpected(what, "the transaction answered without a read")),
+            })
+            .collect()
+    });
+    futures::future::join_all(chunks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// One failure for each of `n` keys read together: the first gets the
+/// error itself, the others the same message and retryability.
+fn each_failed(e: LockError, n: usize) -> Vec<Result<Option<Claim>, LockError>> {
+    let copy = |e: &LockError| {
+        if e.is_retryable() {
+            LockError::transient(crate::errors::BACKEND, e.to_string())
+        } else {
+            LockError::permanent(crate::errors::BACKEND, e.to_string())
+        }
+    };
+    let mut out: Vec<_> = (1..n).map(|_| Err(copy(&e))).collect();
+    out.insert(0, Err(e));
+    out
+}
+
 /// What creating a claim found.
 #[derive(Debug)]
 pub(crate) struct Created {
     /// The claim's create revision: its place in the queue and its fence.
     pub(crate) rev: i64,
-    /// Whether it is the lowest claim, i.e. holds the lock.
-    pub(crate) first: bool,
+    /// Whether it is the only claim, i.e. holds the lock. `false` says
+    /// nothing: keys of longer names may share the range, so
+    /// [`look_ahead`] tells.
+    pub(crate) alone: bool,
 }
 
 /// Creates the claim `key` (`value`, see [`crate::value`], attached to `lease`) only if
 /// absent, counting the keys of the claim range in the same transaction.
-/// Alone there, the claim holds the lock; otherwise one more read finds the
-/// holder.
+/// Alone there, the claim holds the lock; otherwise the caller's
+/// [`look_ahead`] tells (and, for a waiter, whom to watch).
 ///
 /// A count, not a sorted read: etcd counts from its index, while any sort
 /// loads every key of the range from disk. Uncontended locks are the common
@@ -264,12 +386,7 @@ pub(crate) async fn create(
             _ => return Err(unexpected(what, "the transaction answered without the key")),
         }
     };
-    // Not alone: keys of longer names may share the range, so ask who holds.
-    let first = alone
-        || holder(conn, lock_prefix, Values::Skip)
-            .await?
-            .is_some_and(|c| c.key == key && c.create_rev == rev);
-    Ok(Created { rev, first })
+    Ok(Created { rev, alone })
 }
 
 /// How a release went.
@@ -549,8 +666,33 @@ pub(crate) async fn wait_deleted(
     key: &str,
     seen_at: i64,
 ) -> Result<WatchEnd, LockError> {
+    wait_any_deleted(conn, &[key], seen_at).await
+}
+
+/// [`wait_deleted`] for several keys at once, on one watch stream (one
+/// watch per key): ends at the first delete of any of them.
+///
+/// # Cancel safety
+/// Cancel safe: dropping it closes the watch stream.
+pub(crate) async fn wait_any_deleted(
+    conn: &Conn,
+    keys: &[&str],
+    seen_at: i64,
+) -> Result<WatchEnd, LockError> {
+    let what = "watching the predecessor";
+    let Some((first, more)) = keys.split_first() else {
+        return Ok(WatchEnd::Recheck);
+    };
     let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-    let mut stream = conn.watch(key, opts).await?;
+    let mut stream = conn.watch(*first, opts.clone()).await?;
+    for key in more {
+        stream
+            .watch(*key, Some(opts.clone()))
+            .await
+            .map_err(|e| crate::errors::from_etcd(what, e))?;
+    }
+    // etcd answers the creations in the order they were asked.
+    let mut created = 0;
     loop {
         match stream.message().await {
             Ok(Some(r)) => {
@@ -564,7 +706,9 @@ pub(crate) async fn wait_deleted(
                     return Ok(WatchEnd::Recheck);
                 }
                 if r.created() {
-                    let from = header_revision("watching the predecessor", r.header())?;
+                    let key = keys.get(created).copied().unwrap_or(first);
+                    created += 1;
+                    let from = header_revision(what, r.header())?;
                     if !watch_covers(seen_at, from) {
                         // Writes landed between our read and the watch; the
                         // delete may be one of them. Unchanged since the read
@@ -577,7 +721,111 @@ pub(crate) async fn wait_deleted(
                 }
             }
             Ok(None) => return Ok(WatchEnd::Recheck),
-            Err(e) => return Err(crate::errors::from_etcd("watching the predecessor", e)),
+            Err(e) => return Err(crate::errors::from_etcd(what, e)),
+        }
+    }
+}
+
+/// How waiting behind the last claim ahead ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum LastEnd {
+    /// The claim ahead was deleted while ours still existed: ours is the
+    /// lowest, on a live lease, as of that delete.
+    Mine,
+    /// Read the queue again (our claim may be gone, the watch ended, or
+    /// the queue changed before the watch started).
+    Recheck,
+}
+
+/// Waits behind `ahead.pred`, the only claim ahead of ours (`key`, created
+/// at `my_rev` on `lease`), and answers [`LastEnd::Mine`] at its delete
+/// without reading the queue again: nothing can queue ahead of us any more
+/// (later claims sort after ours), so that delete makes ours the lowest,
+/// provided ours still exists at that revision.
+///
+/// One watch from now over the key range spanning both keys (deletes only)
+/// sees both deletes in revision order, so "ours was not deleted before
+/// its predecessor" is decided by the order of events of one watch, never
+/// by timing. Other keys sorting between the two (other claims, keys of
+/// longer names) may wake it; they are skipped. Only the waiter just
+/// behind the holder watches this way; the others watch their predecessor
+/// alone, so a release still wakes one waiter. If writes landed between
+/// the read and the watch, one more read (after the watch exists) checks
+/// that the queue is still as read.
+///
+/// # Cancel safety
+/// Cancel safe: dropping it closes the watch stream.
+pub(crate) async fn wait_last(
+    conn: &Conn,
+    lock_prefix: &str,
+    key: &str,
+    my_rev: i64,
+    lease: i64,
+    ahead: &Ahead,
+) -> Result<LastEnd, LockError> {
+    let what = "watching the predecessor";
+    let Some(pred) = ahead.pred.as_ref().filter(|_| ahead.only) else {
+        return Ok(LastEnd::Recheck);
+    };
+    if !ahead.is_mine(key, my_rev, lease) {
+        return Ok(LastEnd::Recheck);
+    }
+    let (lo, hi) = if pred.key.as_str() < key {
+        (pred.key.as_str(), key)
+    } else {
+        (key, pred.key.as_str())
+    };
+    let mut end = hi.as_bytes().to_vec();
+    end.push(0);
+    let opts = WatchOptions::new()
+        .with_range(end)
+        .with_filters([WatchFilterType::NoPut]);
+    let mut stream = conn.watch(lo, opts).await?;
+    loop {
+        let r = match stream.message().await {
+            Ok(Some(r)) => r,
+            Ok(None) => return Ok(LastEnd::Recheck),
+            Err(e) => return Err(crate::errors::from_etcd(what, e)),
+        };
+        if r.canceled() || r.compact_revision() != 0 {
+            return Ok(LastEnd::Recheck);
+        }
+        if r.created() {
+            let from = header_revision(what, r.header())?;
+            if !watch_covers(ahead.rev, from) {
+                // Writes landed between our read and the watch. A read now
+                // (at or after the watch's start) either still shows the
+                // same queue, and the watch sees every later delete, or
+                // tells what changed.
+                let now = look_ahead(conn, lock_prefix, key, my_rev).await?;
+                if now.first(key, my_rev, lease) {
+                    return Ok(LastEnd::Mine);
+                }
+                let same = now.only
+                    && now.is_mine(key, my_rev, lease)
+                    && now
+                        .pred
+                        .as_ref()
+                        .is_some_and(|p| p.key == pred.key && p.create_rev == pred.create_rev);
+                if !same {
+                    return Ok(LastEnd::Recheck);
+                }
+            }
+            continue;
+        }
+        let deleted = |k: &str| {
+            r.events().iter().any(|e| {
+                e.event_type() == EventType::Delete
+                    && e.kv().is_some_and(|kv| kv.key() == k.as_bytes())
+            })
+        };
+        // Ours deleted in the same answer: be conservative and read again
+        // (the read finds it gone).
+        if deleted(key) {
+            return Ok(LastEnd::Recheck);
+        }
+        if deleted(&pred.key) {
+            return Ok(LastEnd::Mine);
         }
     }
 }

@@ -6,7 +6,9 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{acquire_waiting, client, hold_unrenewed, name, server, wait_claims};
+use common::{
+    acquire_waiting, client, handled, hold_unrenewed, name, server, settled_reads, wait_claims,
+};
 use tokio::time::{sleep, timeout, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,4 +110,127 @@ async fn a_waiter_behind_an_abandoned_lock_gets_it_at_the_ttl() {
     assert!(!abandoned.is_held());
     assert!(g.fence() > abandoned.fence());
     g.release().await.unwrap();
+}
+
+/// The waiter just behind the holder holds at the holder's delete without
+/// a request of its own (it knows nothing can queue ahead of it, and its
+/// watch covers its own claim too): etcd answers no read and no
+/// transaction between the release and the waiter holding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_waiter_holds_without_reading_the_queue_again() {
+    let (server, endpoints, url) = server();
+    let lock = name("no-read");
+    let (_h, holder) = client(&url).await;
+    let (_w, waiter) = client(&url).await;
+    for _ in 0..3 {
+        let guard = holder.lock(&lock).acquire().await.unwrap();
+        let w = waiter.clone();
+        let l = lock.clone();
+        let task = tokio::spawn(async move {
+            acquire_waiting(&w, &l, Duration::from_secs(30))
+                .await
+                .unwrap()
+        });
+        wait_claims(&endpoints, &lock, 2).await;
+        let before = settled_reads(server.addr()).await;
+        let deletes = handled(server.addr(), "DeleteRange").await;
+        guard.release().await.unwrap();
+        let g = timeout(Duration::from_secs(10), task)
+            .await
+            .unwrap()
+            .unwrap();
+        let after = handled(server.addr(), "Range").await + handled(server.addr(), "Txn").await;
+        assert_eq!(
+            handled(server.addr(), "DeleteRange").await - deletes,
+            1,
+            "the release"
+        );
+        assert_eq!(after - before, 0, "requests between release and holding");
+        g.release().await.unwrap();
+    }
+}
+
+/// The waiter just behind the holder whose own claim is deleted by hand
+/// must not hold at the holder's release: the waiter behind it, now first
+/// in line, does, and the first one queues again behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_claim_was_deleted_does_not_hold() {
+    let (_server, endpoints, url) = server();
+    let lock = name("deleted-waiter");
+    let (_h, holder) = client(&url).await;
+    let guard = holder.lock(&lock).acquire().await.unwrap();
+    let waiter = |i: usize| {
+        let (url, lock) = (url.clone(), lock.clone());
+        async move {
+            let (b, locker) = client(&url).await;
+            let g = acquire_waiting(&locker, &lock, Duration::from_secs(60))
+                .await
+                .unwrap();
+            (i, Instant::now(), g, b)
+        }
+    };
+    let w2 = tokio::spawn(waiter(2));
+    wait_claims(&endpoints, &lock, 2).await;
+    let w3 = tokio::spawn(waiter(3));
+    wait_claims(&endpoints, &lock, 3).await;
+    sleep(Duration::from_millis(300)).await;
+    // Waiter 2's claim: the second lowest create revision.
+    let mut raw = etcd_client::Client::connect(endpoints.clone(), None)
+        .await
+        .unwrap();
+    let opts = etcd_client::GetOptions::new().with_prefix().with_sort(
+        etcd_client::SortTarget::Create,
+        etcd_client::SortOrder::Ascend,
+    );
+    let claims = raw.get(format!("{lock}/"), Some(opts)).await.unwrap();
+    let second = claims.kvs()[1].key().to_vec();
+    raw.delete(second, None).await.unwrap();
+    sleep(Duration::from_millis(500)).await;
+    assert!(!w2.is_finished() && !w3.is_finished());
+
+    guard.release().await.unwrap();
+    let (_, t3, g3, _b3) = timeout(Duration::from_secs(10), w3).await.unwrap().unwrap();
+    sleep(Duration::from_millis(500)).await;
+    assert!(!w2.is_finished(), "waiter 2 holds beside waiter 3");
+    let released = Instant::now();
+    let fence3 = g3.fence();
+    g3.release().await.unwrap();
+    let (_, t2, g2, _b2) = timeout(Duration::from_secs(10), w2).await.unwrap().unwrap();
+    assert!(t2 > t3 && t2 >= released);
+    assert!(g2.fence() > fence3, "waiter 2 queued again, behind 3");
+    g2.release().await.unwrap();
+}
+
+/// Deeper in the queue too: the third in line also watches the claim two
+/// ahead, and when that one goes (the second holds), it reads the queue
+/// once while the second holds; so when the second releases, the third
+/// holds without a request of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_third_in_line_holds_without_reading_the_queue_again() {
+    let (server, endpoints, url) = server();
+    let lock = name("no-read-3");
+    let (_h, holder) = client(&url).await;
+    let guard = holder.lock(&lock).acquire().await.unwrap();
+    let spawn = |locker: lock_core::Locker| {
+        let l = lock.clone();
+        tokio::spawn(async move {
+            acquire_waiting(&locker, &l, Duration::from_secs(30))
+                .await
+                .unwrap()
+        })
+    };
+    let (_a, second) = client(&url).await;
+    let (_b, third) = client(&url).await;
+    let w2 = spawn(second);
+    wait_claims(&endpoints, &lock, 2).await;
+    let w3 = spawn(third);
+    wait_claims(&endpoints, &lock, 3).await;
+    guard.release().await.unwrap();
+    let g2 = timeout(Duration::from_secs(10), w2).await.unwrap().unwrap();
+    let before = settled_reads(server.addr()).await;
+    g2.release().await.unwrap();
+    let g3 = timeout(Duration::from_secs(10), w3).await.unwrap().unwrap();
+    let after = handled(server.addr(), "Range").await + handled(server.addr(), "Txn").await;
+    assert_eq!(after - before, 0, "requests between release and holding");
+    g3.release().await.unwrap();
 }

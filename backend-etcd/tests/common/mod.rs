@@ -273,3 +273,37 @@ pub(crate) fn keepalives(backend: &EtcdBackend) -> u64 {
 
 /// Shares a guard between tasks.
 pub(crate) type Shared<T> = Arc<tokio::sync::Mutex<T>>;
+
+/// The sum of etcd's own `grpc_server_handled_total` counter for one gRPC
+/// method (`Range`, `Txn`, ...) on the member at `addr`: the requests it
+/// answered, whoever sent them.
+pub(crate) async fn handled(addr: std::net::SocketAddr, method: &str) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("metrics");
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: etcd\r\n\r\n")
+        .await
+        .expect("metrics request");
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.expect("metrics answer");
+    let tag = format!("grpc_method=\"{method}\"");
+    body.lines()
+        .filter(|l| l.starts_with("grpc_server_handled_total{") && l.contains(&tag))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Reads (`Range`) and transactions (`Txn`) answered so far, once no new
+/// one came for 300 ms: every client is idle.
+pub(crate) async fn settled_reads(addr: std::net::SocketAddr) -> u64 {
+    let count = || async { handled(addr, "Range").await + handled(addr, "Txn").await };
+    let mut last = count().await;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = count().await;
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    panic!("etcd never went quiet");
+}
