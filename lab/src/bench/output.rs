@@ -497,7 +497,7 @@ pub fn markdown(r: &Report) -> String {
          which tokio rounds up to the next millisecond.\n\
          - Held locks: one client holds them with automatic renewal; the server's own request \
          counter (Redis script calls from `INFO commandstats` summed over nodes, etcd \
-         `grpc_server_msg_received_total`, PostgreSQL `pg_stat_database` transactions, MariaDB \
+         `grpc_server_msg_received_total`, PostgreSQL write transactions (the transaction id counter), MariaDB \
          `Questions`, ZooKeeper `zk_packets_received`) is read over one TTL. Client bytes per lock \
          come from the bench binary's counting global allocator. Sub-linear: the growth exponent \
          log(rate ratio)/log(lock ratio) below 0.9."

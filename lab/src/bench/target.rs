@@ -514,13 +514,15 @@ impl Raw {
                     .sum::<f64>() as u64
             }
             Raw::Pg(p) => {
-                let (n,): (i64,) = sqlx::query_as(
-                    "SELECT (xact_commit + xact_rollback)::BIGINT FROM pg_stat_database \
-                     WHERE datname = current_database()",
-                )
-                .fetch_one(p)
-                .await
-                .map_err(|e| e.to_string())?;
+                // The next transaction id: every write transaction (a
+                // renewal is one) takes an id at once, while pg_stat_database
+                // is published by each backend late (seconds after its
+                // queries) and so mixes in earlier measurements' traffic.
+                let (n,): (i64,) =
+                    sqlx::query_as("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::BIGINT")
+                        .fetch_one(p)
+                        .await
+                        .map_err(|e| e.to_string())?;
                 n as u64
             }
             Raw::My(p) => {
