@@ -171,7 +171,7 @@ mod nodes;
 mod redlock;
 mod wait;
 
-pub use backend::{guarantees, guarantees_for, RedisBackend, FENCING_CAVEAT};
+pub use backend::{guarantees, guarantees_for, RedisBackend, FENCING_CAVEAT, RENEW_CHUNK};
 pub use config::{
     Algorithm, Format, RedisConfig, DEFAULT_OP_TIMEOUT, DEFAULT_PREFIX, DEFAULT_WAIT_TIMEOUT,
 };
