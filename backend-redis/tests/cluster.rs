@@ -528,8 +528,7 @@ async fn cluster_batch_renews_once_per_node_and_follows_a_moved_slot() {
     let url = format!("redis+cluster://{}", cluster.seed_nodes());
     let ours = backend(&url).await;
     let mut foreign = raw_cluster(&cluster).await;
-    let admins =
-        futures::future::join_all(cluster.servers().iter().map(|s| common::raw_url(s))).await;
+    let admins = futures::future::join_all(cluster.servers().iter().map(common::raw_url)).await;
     let live_ttl = Duration::from_secs(30);
     let n = backend_redis::RENEW_CHUNK + 20;
     let prefix = format!("cluster-batch-{:08x}", rand::random::<u32>());
