@@ -13,6 +13,7 @@ pub struct Counting {
     inner: Arc<dyn LockBackend>,
     calls: AtomicUsize,
     renews: AtomicUsize,
+    batches: AtomicUsize,
 }
 
 impl Counting {
@@ -22,6 +23,7 @@ impl Counting {
             inner,
             calls: AtomicUsize::new(0),
             renews: AtomicUsize::new(0),
+            batches: AtomicUsize::new(0),
         })
     }
 
@@ -33,6 +35,11 @@ impl Counting {
     /// Renew calls so far.
     pub fn renews(&self) -> usize {
         self.renews.load(Ordering::SeqCst)
+    }
+
+    /// `renew_many` calls so far (their leases count in [`renews`](Self::renews)).
+    pub fn batches(&self) -> usize {
+        self.batches.load(Ordering::SeqCst)
     }
 
     fn count(&self) {
@@ -54,6 +61,12 @@ impl LockBackend for Counting {
         self.count();
         self.renews.fetch_add(1, Ordering::SeqCst);
         self.inner.renew(lease).await
+    }
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        self.count();
+        self.batches.fetch_add(1, Ordering::SeqCst);
+        self.renews.fetch_add(leases.len(), Ordering::SeqCst);
+        self.inner.renew_many(leases).await
     }
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
         self.count();

@@ -8,11 +8,25 @@
 //! runs as a short task of its own, so a slow server never delays the
 //! renewals of other locks.
 //!
+//! Leases of one backend client that are due together are renewed
+//! together: each lease may be renewed from a quarter of its TTL on, so a
+//! wake-up for the earliest due lease also takes every lease of the same
+//! client already past its quarter, and hands them to
+//! [`LockBackend::renew_many`](crate::LockBackend::renew_many) in batches of
+//! at most [`MAX_BATCH`] when the backend declares
+//! [`batch_renew`](crate::Guarantees::batch_renew). Renewal traffic then
+//! grows with the number of wake-ups, not with the number of held locks.
+//!
 //! A renewal that fails is retried with backoff until the lease's local
-//! deadline; then, or at once when the backend says the lease is no longer
-//! ours, the lease is marked lost. Release, drop of the last guard and loss
-//! cancel `held.stop`: the lease is skipped from then on and an in-flight
-//! renewal is aborted, so renewals never outlive the guards.
+//! deadline (a lease whose batch failed is retried on its own); then, or at
+//! once when the backend says the lease is no longer ours, the lease is
+//! marked lost. Release, drop of the last guard and loss cancel
+//! `held.stop`: the lease is skipped from then on and its own in-flight
+//! renewal is aborted, so renewals never outlive the guards. A batch in
+//! flight is not aborted for one released lease (that would delay the
+//! others): its answer for that lease is dropped, and since renewals are
+//! owner-checked on the server it cannot extend a lock released before it
+//! arrived.
 //!
 //! Every watched lease keeps its scheduler alive (the Locker is not needed:
 //! a guard is renewed for as long as it lives). The scheduler task runs on
@@ -37,6 +51,10 @@ use crate::observe;
 /// that an idle scheduler notices its locker is gone, long enough to cost
 /// nothing.
 const IDLE: Duration = Duration::from_secs(1);
+
+/// The most leases handed to one `renew_many` call: bounds one request's
+/// size (and the leases a single slow answer can delay).
+pub(crate) const MAX_BATCH: usize = 256;
 
 /// The renewal scheduler of one locker.
 #[derive(Default)]
@@ -70,6 +88,8 @@ struct State {
 
 struct Entry {
     at: Instant,
+    /// From when the lease may be renewed early, with others due then.
+    early: Instant,
     id: u64,
     held: Weak<Held>,
 }
@@ -115,6 +135,7 @@ fn lock(inner: &Inner) -> std::sync::MutexGuard<'_, State> {
 fn schedule(inner: &Arc<Inner>, held: &Arc<Held>) {
     let lease = held.current();
     let at = lease.sent_at() + lease.ttl() / 3;
+    let early = lease.sent_at() + lease.ttl() / 4;
     let mut st = lock(inner);
     // Released leases stay queued until their renewal time comes round;
     // with many short holdings that adds up, so sweep them out once the
@@ -128,6 +149,7 @@ fn schedule(inner: &Arc<Inner>, held: &Arc<Held>) {
     st.next_id += 1;
     st.queue.push(Reverse(Entry {
         at,
+        early,
         id,
         held: Arc::downgrade(held),
     }));
@@ -218,7 +240,13 @@ async fn run(inner: Weak<Inner>, generation: u64) {
         let mut due = Vec::new();
         let next = {
             let mut st = lock(&strong);
-            while st.queue.peek().is_some_and(|Reverse(e)| e.at <= now) {
+            // The heap is ordered by due time: the leases past their early
+            // point behind the first one that is not are left for later.
+            while st
+                .queue
+                .peek()
+                .is_some_and(|Reverse(e)| e.at <= now || e.early <= now)
+            {
                 if let Some(Reverse(e)) = st.queue.pop() {
                     due.push(e.held);
                 }
@@ -230,10 +258,19 @@ async fn run(inner: Weak<Inner>, generation: u64) {
             st.planned = Some(next);
             next
         };
-        for held in due.iter().filter_map(Weak::upgrade) {
-            if !held.stop.is_cancelled() {
-                let task = tokio::spawn(renew(Arc::clone(&strong), Arc::clone(&held)));
-                held.set_watchdog(task.abort_handle());
+        let live = due
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|h| !h.stop.is_cancelled());
+        for group in batches(live) {
+            match <[Arc<Held>; 1]>::try_from(group) {
+                Ok([held]) => {
+                    let task = tokio::spawn(renew(Arc::clone(&strong), Arc::clone(&held)));
+                    held.set_watchdog(task.abort_handle());
+                }
+                Err(group) => {
+                    tokio::spawn(renew_batch(Arc::clone(&strong), group));
+                }
             }
         }
         // A schedule() between the unlock above and this wait leaves a
@@ -245,27 +282,132 @@ async fn run(inner: Weak<Inner>, generation: u64) {
     }
 }
 
+/// Splits the due leases into what one task renews: the leases of one
+/// client that batches renewals, at most [`MAX_BATCH`] at a time, and every
+/// other lease alone.
+fn batches(due: impl Iterator<Item = Arc<Held>>) -> Vec<Vec<Arc<Held>>> {
+    let mut out: Vec<Vec<Arc<Held>>> = Vec::new();
+    // Per client seen: whether it batches, and the index in `out` of its
+    // batch being filled. Few clients per locker, so a list will do.
+    let mut clients: Vec<(crate::owner::BackendId, bool, usize)> = Vec::new();
+    for held in due {
+        let id = crate::held::backend_id(&held.backend);
+        let seen = match clients.iter().position(|c| c.0 == id) {
+            Some(i) => i,
+            None => {
+                clients.push((id, held.backend.guarantees().batch_renew, usize::MAX));
+                clients.len() - 1
+            }
+        };
+        let (_, batching, open) = &mut clients[seen];
+        match out.get_mut(*open) {
+            Some(batch) if *batching && batch.len() < MAX_BATCH => batch.push(held),
+            _ => {
+                out.push(vec![held]);
+                *open = out.len() - 1;
+            }
+        }
+    }
+    out
+}
+
 /// One renewal of `held`, retried until its deadline; schedules the next.
 async fn renew(inner: Arc<Inner>, held: Arc<Held>) {
-    let requeue = Requeue {
-        inner: Arc::clone(&inner),
-        held: Arc::downgrade(&held),
-        armed: true,
-    };
+    let requeue = Requeue::new(&inner, std::slice::from_ref(&held));
     renew_until_deadline(inner, held).await;
     requeue.disarm();
 }
 
-/// Puts a lease back in the queue when its renewal task is dropped before
+/// One `renew_many` for leases of one client. Each answer is handled as a
+/// single renewal's would be; a lease whose answer is a failure other than
+/// a loss (or that got no answer before the earliest deadline of the
+/// batch) goes on alone, retried until its own deadline.
+async fn renew_batch(inner: Arc<Inner>, mut group: Vec<Arc<Held>>) {
+    // Released since the scheduler took them: not sent at all.
+    group.retain(|h| !h.stop.is_cancelled());
+    if group.is_empty() {
+        return;
+    }
+    let requeue = Requeue::new(&inner, &group);
+    let leases: Vec<_> = group.iter().map(|h| h.current()).collect();
+    let backend = Arc::clone(&group[0].backend);
+    let deadline = leases
+        .iter()
+        .map(crate::Lease::deadline)
+        .min()
+        .unwrap_or_else(Instant::now);
+    let span = tracing::debug_span!(
+        "polylock.renew_many",
+        backend = group[0].backend_name,
+        leases = leases.len(),
+    );
+    let answers = timeout_at(deadline, backend.renew_many(&leases))
+        .instrument(span)
+        .await
+        .ok()
+        .filter(|a| a.len() == leases.len());
+    requeue.disarm();
+    let Some(answers) = answers else {
+        for held in group {
+            if !held.stop.is_cancelled() {
+                observe::renew_failed(held.backend_name);
+                retry_alone(&inner, held);
+            }
+        }
+        return;
+    };
+    for (held, answer) in group.into_iter().zip(answers) {
+        if held.stop.is_cancelled() {
+            continue;
+        }
+        match answer {
+            Ok(renewed) => {
+                if held.publish_renewal(renewed).is_ok() && !held.stop.is_cancelled() {
+                    schedule(&inner, &held);
+                }
+            }
+            Err(e) if e.is_lost() => {
+                held.mark_lost("the backend reports the lease is no longer ours");
+            }
+            Err(e) => {
+                observe::renew_failed(held.backend_name);
+                tracing::debug!(
+                    backend = held.backend_name,
+                    name = %held.current().name(),
+                    error = %e,
+                    "polylock: batched renew failed; retrying alone until the deadline"
+                );
+                retry_alone(&inner, held);
+            }
+        }
+    }
+}
+
+/// Goes on with one lease by its own renewal task, which its release can
+/// abort.
+fn retry_alone(inner: &Arc<Inner>, held: Arc<Held>) {
+    let task = tokio::spawn(renew(Arc::clone(inner), Arc::clone(&held)));
+    held.set_watchdog(task.abort_handle());
+}
+
+/// Puts leases back in the queue when their renewal task is dropped before
 /// it finished (its runtime shut down): while a renewal runs, the lease is
 /// not queued, so nothing else would renew it again.
 struct Requeue {
     inner: Arc<Inner>,
-    held: Weak<Held>,
+    held: Vec<Weak<Held>>,
     armed: bool,
 }
 
 impl Requeue {
+    fn new(inner: &Arc<Inner>, held: &[Arc<Held>]) -> Self {
+        Requeue {
+            inner: Arc::clone(inner),
+            held: held.iter().map(Arc::downgrade).collect(),
+            armed: true,
+        }
+    }
+
     fn disarm(mut self) {
         self.armed = false;
     }
@@ -276,27 +418,33 @@ impl Drop for Requeue {
         if !self.armed {
             return;
         }
-        let Some(held) = self.held.upgrade() else {
+        let live: Vec<Arc<Held>> = self
+            .held
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|h| !h.stop.is_cancelled())
+            .collect();
+        let Some(first) = live.first() else {
             return;
         };
-        if held.stop.is_cancelled() {
-            return;
-        }
         let mut st = lock(&self.inner);
-        let id = st.next_id;
-        st.next_id += 1;
         let now = Instant::now();
-        st.queue.push(Reverse(Entry {
-            at: now,
-            id,
-            held: Arc::downgrade(&held),
-        }));
+        for held in &live {
+            let id = st.next_id;
+            st.next_id += 1;
+            st.queue.push(Reverse(Entry {
+                at: now,
+                early: now,
+                id,
+                held: Arc::downgrade(held),
+            }));
+        }
         let running = st.task.as_ref().is_some_and(|t| !t.is_finished());
         drop(st);
         if running {
-            // If that task is dying too, its Restart finds this entry.
+            // If that task is dying too, its Restart finds these entries.
             self.inner.wake.notify_one();
-        } else if let Some(rt) = &held.runtime {
+        } else if let Some(rt) = &first.runtime {
             restart_on(rt, &self.inner);
         }
     }

@@ -51,17 +51,18 @@ pub fn guarantees_table() -> String {
 /// the waiter count. The conformance suite checks each "yes".
 pub fn operations_table() -> String {
     let mut out = String::from(
-        "| backend | who holds it (host, pid, command, since) | list held locks | count waiters | force release |\n\
-         |---|---|---|---|---|\n",
+        "| backend | who holds it (host, pid, command, since) | list held locks | count waiters | force release | batched renewals |\n\
+         |---|---|---|---|---|---|\n",
     );
     for g in declared_guarantees() {
         out += &format!(
-            "| {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} |\n",
             g.backend,
             yes(g.holder_meta),
             yes(g.list),
             yes(g.counts_waiters),
             yes(g.force_release),
+            yes(g.batch_renew),
         );
     }
     out

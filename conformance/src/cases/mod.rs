@@ -85,6 +85,7 @@ pub fn all() -> Vec<Case> {
         case!(watchdog::watchdog_keeps_lock_and_stops_after_release),
         case!(watchdog::lost_fires_when_lock_removed_behind_holders_back),
         case!(watchdog::guard_is_renewed_after_its_locker_is_dropped),
+        case!(watchdog::many_guards_of_one_client_are_all_kept),
         case!(watchdog::cancelled_release_signals_at_once),
         case!(fencing::tokens_strictly_increase_over_successive_holders),
         case!(input::bad_input_is_refused_before_any_io),

@@ -204,3 +204,50 @@ pub(crate) async fn cancelled_release_signals_at_once(ctx: &Ctx<'_>) {
     let (_, lease) = free.expect("the lock of an unpolled release was never freed");
     other.release(&lease).await.expect("release");
 }
+
+/// Many guards of one client are all kept by the watchdog, through the
+/// backend's batched renewals where it declares them (then the leases due
+/// together go in far fewer requests than leases), and none is renewed
+/// after its release.
+pub(crate) async fn many_guards_of_one_client_are_all_kept(ctx: &Ctx<'_>) {
+    let ttl = ctx.ttl(Duration::from_millis(900));
+    let counted = Counting::new(ctx.client().await);
+    let locker = Locker::from_arc(counted.clone());
+    let other = ctx.client().await;
+    let names: Vec<_> = (0..24).map(|i| ctx.name(&format!("many-{i}"))).collect();
+    let guards = futures::future::try_join_all(
+        names
+            .iter()
+            .map(|n| locker.lock(n.as_str()).ttl(ttl).acquire()),
+    )
+    .await
+    .expect("acquire");
+    sleep(ttl * 3).await;
+    for (guard, name) in guards.iter().zip(&names) {
+        assert!(guard.is_held(), "the watchdog let {name} go");
+        assert!(
+            raw_try(&other, name, ttl).await.is_none(),
+            "{name} free while watched"
+        );
+    }
+    let (renews, batches) = (counted.renews(), counted.batches());
+    assert!(renews >= 24 * 6, "a renew every ttl/3: {renews} in 3 TTLs");
+    if ctx.guarantees().batch_renew {
+        assert!(
+            batches * 4 <= renews,
+            "batched renewals declared, yet {batches} batches carried {renews} renewals"
+        );
+    }
+    futures::future::try_join_all(guards.into_iter().map(|g| g.release()))
+        .await
+        .expect("release");
+    let after_release = counted.renews();
+    sleep(ttl).await;
+    assert_eq!(counted.renews(), after_release, "renewed after release");
+    for name in &names {
+        assert!(
+            other.inspect(name).await.expect("inspect").is_none(),
+            "{name} held after release"
+        );
+    }
+}

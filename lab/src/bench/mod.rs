@@ -115,6 +115,9 @@ pub struct BackendReport {
     pub contention: Vec<Contention>,
     /// Held locks, few then many.
     pub held: Vec<Held>,
+    /// Whether the client declares batched renewals
+    /// (`Guarantees::batch_renew`).
+    pub batch_renew: bool,
 }
 
 /// One run.
@@ -169,6 +172,7 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
             step(&format!("{locks} locks held"));
             held.push(measure::held(&t, locks, opts.held_ttl, opts.allocated).await?);
         }
+        let batch_renew = locker.guarantees().batch_renew;
         drop(locker);
         out.push(BackendReport {
             backend: name.clone(),
@@ -177,6 +181,7 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
             parallel,
             contention,
             held,
+            batch_renew,
         });
     }
     progress("done");
