@@ -3,23 +3,27 @@
 -- plain_grant.lua; the queue in fair_queue.lua).
 --
 -- KEYS[1] lock key, KEYS[2] bookkeeping hash, KEYS[3] queue,
--- KEYS[4] queue deadlines.
+-- KEYS[4] queue deadlines, KEYS[5] queued waiters.
 -- ARGV[1..3] as in plain_grant.lua; ARGV[4] waiter id; ARGV[5] '1' to join
 -- the queue (or stay in it, with a later deadline) when not granted, '0' to
 -- only try; ARGV[6] the entry's lifetime in milliseconds; ARGV[7] the
--- prefix of the waiters' wake channels.
+-- prefix of the waiters' wake channels; ARGV[8] the release channel;
+-- ARGV[9] as ARGV[5] of fair_release.lua.
 --
--- Returns {1, fence} when taken, {0, pttl} otherwise (pttl -2: the lock is
--- free but an older waiter is first; -1: the holder set no expiry).
-local queue, deadlines, id = KEYS[3], KEYS[4], ARGV[4]
+-- Returns {1, fence} when taken (also when a release had handed it to this
+-- waiter already: recover()), {0, pttl, counter} otherwise (pttl -2: the
+-- lock is free but an older waiter is first; -1: the holder set no expiry;
+-- counter: the fencing counter now, 0 if none, so that the waiter can tell
+-- a grant message sent after this answer from an older one).
+local queue, deadlines, waiters, id = KEYS[3], KEYS[4], KEYS[5], ARGV[4]
 local now = now_ms()
-local pruned = prune(queue, deadlines, now)
+local pruned = prune(queue, deadlines, waiters, now)
 local first = head(queue)
 if first == nil or first == id then
   local r = grant()
   if r then
     if not r.err then
-      leave(queue, deadlines, id)
+      leave(queue, deadlines, waiters, id)
     end
     return r
   end
@@ -27,7 +31,7 @@ end
 local r = wrong_kind() or recover()
 if r then
   if not r.err then
-    leave(queue, deadlines, id)
+    leave(queue, deadlines, waiters, id)
   end
   return r
 end
@@ -36,14 +40,13 @@ if ARGV[5] == '1' then
     redis.call('ZADD', queue, redis.call('HINCRBY', KEYS[2], 'qseq', 1), id)
   end
   redis.call('ZADD', deadlines, now + tonumber(ARGV[6]), id)
+  redis.call('HSET', waiters, id, ARGV[2] .. ':' .. now .. ':' .. ARGV[1] .. ':' .. (ARGV[3] or ''))
 end
 local pttl = redis.call('PTTL', KEYS[1])
 -- A dead head was just dropped while the lock is free: its successor
 -- would otherwise wait for its next poll.
 if pruned > 0 and pttl == -2 then
-  local h = head(queue)
-  if h and h ~= id then
-    redis.call('PUBLISH', ARGV[7] .. h, '0')
-  end
+  hand_over(KEYS[1], KEYS[2], queue, deadlines, waiters, ARGV[7], ARGV[8], ARGV[9])
+  pttl = redis.call('PTTL', KEYS[1])
 end
-return {0, pttl}
+return {0, pttl, tonumber(redis.call('HGET', KEYS[2], 'fence') or '0')}

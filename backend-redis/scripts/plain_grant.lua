@@ -18,24 +18,44 @@ local function describe()
   end
 end
 
--- Takes the lock if it is free, bumping the fencing counter in the same
--- atomic step, so no two holders can ever see the same token. Returns
--- {1, fence}, an error reply, or nil when the key exists.
-local function grant()
-  if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+-- Takes `lock` for `token` if it is free, bumping the fencing counter in
+-- `book` in the same atomic step, so no two holders can ever see the same
+-- token. Also used by the fair mode's hand-over to a queued waiter, so it
+-- clears the mark of such a grant (`granted`, fair_queue.lua): the mark
+-- only ever names the waiter of the current grant. Returns {1, fence}, an
+-- error reply, or nil when the key exists.
+local function grant_to(lock, book, token, ttl, meta)
+  if not redis.call('SET', lock, token, 'NX', 'PX', ttl) then
     return nil
   end
-  local ok = redis.pcall('HSETNX', KEYS[2], 'fence', fence_seed())
-  if type(ok) == 'table' and ok.err then
+  local fence = redis.pcall('HINCRBY', book, 'fence', 1)
+  if type(fence) == 'table' and fence.err then
     -- Scripts are not rolled back: undo the SET we just made, so a broken
     -- counter cannot leave an orphaned lock behind.
-    redis.call('DEL', KEYS[1])
-    return ok
+    redis.call('DEL', lock)
+    return fence
   end
-  local fence = redis.call('HINCRBY', KEYS[2], 'fence', 1)
-  redis.call('HSET', KEYS[2], 'owner', ARGV[1])
-  describe()
+  if fence == 1 then
+    -- There was no counter: start it from the seed (fence_seed.lua)
+    -- instead, in the same atomic step, so nobody ever sees the 1. Only
+    -- here, so that the usual grant does not read the clock.
+    redis.call('HSET', book, 'fence', fence_seed())
+    fence = redis.call('HINCRBY', book, 'fence', 1)
+  end
+  -- The owner, the description (or none) and no fair-mode grant mark, in
+  -- as few calls as the description allows.
+  if meta and meta ~= '' then
+    redis.call('HSET', book, 'owner', token, 'meta', meta)
+    redis.call('HDEL', book, 'granted')
+  else
+    redis.call('HSET', book, 'owner', token)
+    redis.call('HDEL', book, 'meta', 'granted')
+  end
   return {1, fence}
+end
+
+local function grant()
+  return grant_to(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])
 end
 
 -- SET NX fails on a key of any type; say so instead of reporting "held"
@@ -58,6 +78,8 @@ local function recover()
     local fence = redis.call('HGET', KEYS[2], 'fence')
     if fence then
       redis.call('PEXPIRE', KEYS[1], ARGV[2])
+      -- Claimed: a fair waiter's late leave must not free it any more.
+      redis.call('HDEL', KEYS[2], 'granted')
       describe()
       return {1, tonumber(fence)}
     end

@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -15,10 +15,10 @@ use tokio::time::Instant;
 
 use crate::config::{Algorithm, Format, RedisConfig};
 use crate::conn::{client_for, Link};
-use crate::errors::{connect_error, to_lock_error, Fail, RedisFailure, BACKEND};
+use crate::errors::{connect_error, to_lock_error, Fail, FailText, RedisFailure, BACKEND};
 use crate::format::{all_scripts, Layout, LockKeys, FAIR, FORCE_RELEASE, RELEASE_MESSAGE};
 use crate::nodes::{Follower, Nodes};
-use crate::wait::{wake_up, ForeignWake, Subscriber};
+use crate::wait::{wake_up, ForeignWake, GrantSlot, Subscriber};
 
 /// What can make fencing tokens go backwards on Redis.
 pub const FENCING_CAVEAT: &str = "the counter lives in the Redis data set: a failover to a replica \
@@ -47,12 +47,26 @@ const FAIR_BACKOFF: Backoff = Backoff {
 /// holds up the queue this long at most.
 const MIN_QUEUE_ENTRY_LIFE: Duration = Duration::from_secs(2);
 
+/// How recent a fair-mode waiter's last attempt must be for a release to
+/// grant it the lock outright (its own token and TTL, kept in its queue
+/// entry) instead of waking it to try. A live waiter attempts at least every
+/// [`FAIR_BACKOFF`] maximum (plus the attempt's own time); an entry older
+/// than this may belong to a waiter that died, which would otherwise hold
+/// the lock for a whole TTL instead of until its entry's deadline.
+const GRANT_FRESHNESS: Duration = Duration::from_secs(1);
+
 /// Polling for a foreign holder's release when the server sends no
 /// keyspace events: it announces nothing, so this is the hand-off delay.
 const FOREIGN_POLL_BACKOFF: Backoff = Backoff {
     initial: Duration::from_millis(10),
     max: Duration::from_millis(100),
 };
+
+/// The most leases one batch-renew script run carries. A script blocks the
+/// server while it runs (three commands per lease); this keeps each run
+/// well under a millisecond, and the chunks of one batch go out together on
+/// the multiplexed connection.
+pub const RENEW_CHUNK: usize = 128;
 
 /// What a Redis lock backend promises for `algorithm`.
 ///
@@ -71,6 +85,9 @@ const FOREIGN_POLL_BACKOFF: Backoff = Backoff {
 ///   `list` (a `SCAN` of the bookkeeping hashes, on every master of a
 ///   cluster) and waiter counts (`PUBSUB NUMSUB` of the release channel,
 ///   summed over a cluster's nodes) are supported.
+/// - `batch_renew`: [`renew_many`](LockBackend::renew_many) runs one script
+///   per [`RENEW_CHUNK`] leases (on a cluster, one per node the chunk's keys
+///   live on).
 ///
 /// [`Algorithm::Redlock`]:
 /// - fencing: [`FencingGuarantee::UnlessDataLoss`]
@@ -87,6 +104,7 @@ const FOREIGN_POLL_BACKOFF: Backoff = Backoff {
 ///   `inspect` shows what a majority of the holder's nodes agree on. No
 ///   `list` and no waiter count (waiters poll; nothing on a server sees
 ///   them).
+/// - `batch_renew`: one script per node for each [`RENEW_CHUNK`] leases.
 pub fn guarantees(algorithm: Algorithm) -> Guarantees {
     if algorithm == Algorithm::Redlock {
         return crate::redlock::guarantees();
@@ -104,6 +122,7 @@ pub fn guarantees(algorithm: Algorithm) -> Guarantees {
     g.holder_meta = true;
     g.list = true;
     g.counts_waiters = true;
+    g.batch_renew = true;
     g
 }
 
@@ -228,6 +247,11 @@ enum Attempt {
     /// the server, if it has one.
     Held {
         expires_in: Option<Duration>,
+        /// When the refused request was sent, and the lock's fencing
+        /// counter it saw (fair mode): a grant message with a higher token
+        /// was made after that request, so the lock's expiry on the server
+        /// is no earlier than this send time plus the TTL.
+        refused: Option<(Instant, u64)>,
     },
 }
 
@@ -378,13 +402,16 @@ impl RedisBackend {
             (Format::Plain, Some((id, join))) => inv
                 .key(&keys.queue)
                 .key(&keys.queue_deadlines)
+                .key(&keys.queue_waiters)
                 .arg(&holder)
                 .arg(ttl_ms)
                 .arg(&meta)
                 .arg(id)
                 .arg(if join { "1" } else { "0" })
                 .arg(self.queue_entry_life().as_millis() as u64)
-                .arg(&keys.wake_prefix),
+                .arg(&keys.wake_prefix)
+                .arg(&keys.channel)
+                .arg(GRANT_FRESHNESS.as_millis() as u64),
             // The plain format recognises its own grant by value alone.
             (Format::Plain, None) => inv.arg(&holder).arg(ttl_ms).arg(&meta),
             (Format::Redisson, _) => inv
@@ -404,10 +431,29 @@ impl RedisBackend {
         if reply.as_ref().map_or_else(|e| !e.is_retryable(), |_| true) {
             pending.answered();
         }
-        let ((taken, n), acked): ((i64, i64), _) = reply?;
+        let (answer, acked): (Vec<i64>, _) = reply?;
+        let (taken, n) = match answer[..] {
+            [taken, n, ..] => (taken, n),
+            _ => {
+                return Err(LockError::permanent(
+                    BACKEND,
+                    RedisFailure(format!(
+                        "acquire of lock {:?}: the script answered {answer:?}",
+                        req.name
+                    )),
+                ))
+            }
+        };
         if taken != 1 {
             let expires_in = u64::try_from(n).ok().map(Duration::from_millis);
-            return Ok(Attempt::Held { expires_in });
+            let refused = answer
+                .get(2)
+                .and_then(|c| u64::try_from(*c).ok())
+                .map(|counter| (sent_at, counter));
+            return Ok(Attempt::Held {
+                expires_in,
+                refused,
+            });
         }
         let fence = u64::try_from(n)
             .ok()
@@ -437,6 +483,133 @@ impl RedisBackend {
             }
         }
         Ok(Attempt::Acquired(lease))
+    }
+
+    /// The renewed lease for a renew script's "extended", sent at
+    /// `sent_at`; with `wait_replicas`, an error when too few replicas
+    /// acknowledged it.
+    fn extended(
+        &self,
+        lease: &Lease,
+        ttl_ms: u64,
+        sent_at: Instant,
+        acked: Option<u32>,
+    ) -> Result<Lease, LockError> {
+        if let (Some(acked), Some(replicas)) = (acked, self.inner.config.wait_replicas) {
+            if acked < replicas {
+                // The extension may vanish in a failover: the lease keeps
+                // its old deadline, and the watchdog retries.
+                return Err(self.unreplicated(
+                    "renew",
+                    lease.name(),
+                    acked,
+                    "the lease keeps its previous deadline",
+                ));
+            }
+        }
+        Ok(lease.renewed(Duration::from_millis(ttl_ms), sent_at))
+    }
+
+    /// [`renew_many`](LockBackend::renew_many) of at most [`RENEW_CHUNK`]
+    /// leases: one script run, or on a cluster one per node they span.
+    async fn renew_chunk(&self, batch: &[(&Lease, LockKeys)]) -> Vec<Result<Lease, LockError>> {
+        let cluster = self.inner.nodes.is_some();
+        let scripts = self.inner.layout.scripts();
+        let script = if cluster {
+            &scripts.renew_many_cluster
+        } else {
+            &scripts.renew_many
+        };
+        let mut out: Vec<Option<Result<Lease, LockError>>> = batch.iter().map(|_| None).collect();
+        let mut left: Vec<usize> = (0..batch.len()).collect();
+        // Leases to renew on their own, after the script runs.
+        let mut alone = Vec::new();
+        while let Some(&first) = left.first() {
+            let first_key = &batch[first].1.lock;
+            let mut inv = script.prepare_invoke();
+            inv.key(first_key);
+            let mut ttls = Vec::with_capacity(left.len());
+            for &i in &left {
+                let (lease, keys) = &batch[i];
+                let (_, ttl_ms) = self.guarantees().granted_ttl(lease.ttl(), PX_UNIT);
+                inv.arg(&keys.lock)
+                    .arg(&keys.fence)
+                    .arg(self.inner.layout.holder(lease.owner()))
+                    .arg(lease.fence().get())
+                    .arg(ttl_ms);
+                ttls.push(ttl_ms);
+            }
+            // Measured before sending: the deadlines can only come early.
+            let sent_at = Instant::now();
+            let reply: Result<(Vec<i64>, Option<u32>), Fail> = match self.inner.config.wait_replicas
+            {
+                None => self.inner.link.invoke(&inv).await.map(|r| (r, None)),
+                Some(replicas) => self
+                    .inner
+                    .link
+                    .invoke_and_wait(&inv, first_key, replicas, self.inner.config.wait_timeout)
+                    .await
+                    .map(|(r, acked)| (r, Some(acked))),
+            };
+            match reply {
+                Ok((codes, acked)) if codes.len() == left.len() => {
+                    let mut next = Vec::new();
+                    for ((&i, code), ttl_ms) in left.iter().zip(codes).zip(ttls) {
+                        let lease = batch[i].0;
+                        match code {
+                            1 => out[i] = Some(self.extended(lease, ttl_ms, sent_at, acked)),
+                            // Served by another node: the next run goes there.
+                            -2 if cluster && i != first => next.push(i),
+                            -2 => alone.push(i),
+                            _ => {
+                                out[i] = Some(Err(LockError::Lost {
+                                    name: lease.name().to_string(),
+                                }))
+                            }
+                        }
+                    }
+                    left = next;
+                }
+                Ok((codes, _)) => {
+                    let text = format!(
+                        "the batch renew script answered {} times for {} leases",
+                        codes.len(),
+                        left.len()
+                    );
+                    for i in left.drain(..) {
+                        out[i] = Some(Err(LockError::permanent(
+                            BACKEND,
+                            RedisFailure(format!("renew of lock {:?}: {text}", batch[i].0.name())),
+                        )));
+                    }
+                }
+                // The server refused the run itself: each lease on its own.
+                Err(Fail::Redis(e))
+                    if cluster
+                        && !(e.is_io_error()
+                            || e.is_timeout()
+                            || e.is_connection_dropped()
+                            || e.is_connection_refusal()) =>
+                {
+                    tracing::debug!(error = %self.inner.config.scrub(e.to_string()), "polylock redis: a batch renew was refused; renewing its leases one by one");
+                    alone.append(&mut left);
+                }
+                Err(fail) => {
+                    let text = FailText::new(&self.inner.config, &fail);
+                    for i in left.drain(..) {
+                        out[i] = Some(Err(
+                            text.error(&format!("renew of lock {:?}", batch[i].0.name()))
+                        ));
+                    }
+                }
+            }
+        }
+        let singles =
+            futures::future::join_all(alone.iter().map(|&i| self.renew(batch[i].0))).await;
+        for (i, r) in alone.into_iter().zip(singles) {
+            out[i] = Some(r);
+        }
+        every_answer(out, batch.iter().map(|(l, _)| *l))
     }
 
     /// Who holds `name`, and whether it is the holder polylock's
@@ -598,13 +771,29 @@ impl RedisBackend {
         // the wake-up sleeps no longer than that.
         let expiry = Arc::new(Mutex::new(None));
         let expiry_ref = &expiry;
+        // Fair mode: the grant message a release sent to this waiter's own
+        // channel (set once subscribed), and the last refused attempt's
+        // send time and fencing counter.
+        let grants: OnceLock<GrantSlot> = OnceLock::new();
+        let refused: Mutex<Option<(Instant, u64)>> = Mutex::new(None);
+        let (grants_ref, refused_ref) = (&grants, &refused);
         let attempt = move || async move {
+            if let Some(lease) = self.granted(req, grants_ref.get(), refused_ref) {
+                return Ok(Some(lease));
+            }
             let attempt = self.attempt(req, queued).await;
             let ends = match &attempt {
-                // +1 ms: the server expires strictly after the TTL.
                 Ok(Attempt::Held {
-                    expires_in: Some(d),
-                }) => Instant::now().checked_add(*d + Duration::from_millis(1)),
+                    expires_in,
+                    refused: seen,
+                }) => {
+                    if seen.is_some() {
+                        *refused_ref.lock().unwrap_or_else(|p| p.into_inner()) = *seen;
+                    }
+                    // +1 ms: the server expires strictly after the TTL.
+                    expires_in
+                        .and_then(|d| Instant::now().checked_add(d + Duration::from_millis(1)))
+                }
                 _ => None,
             };
             *expiry_ref.lock().unwrap_or_else(|p| p.into_inner()) = ends;
@@ -634,6 +823,7 @@ impl RedisBackend {
                     self.inner.subscriber.subscribe(&own, limit),
                     self.inner.subscriber.subscribe(&keys.channel, limit)
                 );
+                let _ = grants.set(own.messages());
                 subs.push(own);
                 (sub, own_ok && ok)
             }
@@ -673,6 +863,40 @@ impl RedisBackend {
         .await
     }
 
+    /// The lease a fair-mode release handed this waiter, if its message
+    /// came and can be trusted without asking the server again.
+    ///
+    /// Why the deadline is safe: the message carries the grant's fencing
+    /// token. The last refused attempt saw the counter at some value when
+    /// the server ran it, after it was sent; a token above that value was
+    /// issued by a grant that ran later still, with this waiter's TTL. So
+    /// the lock expires on the server no earlier than that attempt's send
+    /// time plus the TTL, and the lease's deadline is counted from that
+    /// send time. A message with a token no higher (a grant that came
+    /// before the refusal, since lost) is not trusted; neither is one whose
+    /// deadline would leave less than half the TTL (the refusal was long
+    /// ago), nor one when replicas must acknowledge the grant: the next
+    /// attempt then takes the grant over (the acquire script's recovery),
+    /// with a fresh send time, or learns that it is gone.
+    fn granted(
+        &self,
+        req: &AcquireRequest,
+        grants: Option<&GrantSlot>,
+        refused: &Mutex<Option<(Instant, u64)>>,
+    ) -> Option<Lease> {
+        let fence = grants?.take()?;
+        if self.inner.config.wait_replicas.is_some() {
+            return None;
+        }
+        let (sent_at, counter) = (*refused.lock().unwrap_or_else(|p| p.into_inner()))?;
+        if fence <= counter {
+            return None;
+        }
+        let (ttl, _) = self.guarantees().granted_ttl(req.ttl, PX_UNIT);
+        let lease = req.lease(FencingToken::new(fence)?, ttl, sent_at);
+        (lease.deadline() > Instant::now() + ttl / 2).then_some(lease)
+    }
+
     /// How long a fair-mode queue entry lives after its waiter's last
     /// attempt.
     fn queue_entry_life(&self) -> Duration {
@@ -684,11 +908,14 @@ impl RedisBackend {
     async fn leave_queue(&self, keys: &LockKeys, id: &str) -> Result<(), LockError> {
         let mut inv = FAIR.leave.prepare_invoke();
         inv.key(&keys.lock)
+            .key(&keys.fence)
             .key(&keys.queue)
             .key(&keys.queue_deadlines)
+            .key(&keys.queue_waiters)
             .arg(id)
             .arg(&keys.wake_prefix)
-            .arg(&keys.channel);
+            .arg(&keys.channel)
+            .arg(GRANT_FRESHNESS.as_millis() as u64);
         self.inner
             .link
             .invoke::<i64>(&inv)
@@ -705,6 +932,28 @@ impl RedisBackend {
             self.inner.foreign_wake.describe()
         )
     }
+}
+
+/// The answers of a batch, one per lease; a lease left without one (which
+/// the batch code never does) gets a permanent error rather than a panic.
+pub(crate) fn every_answer<'a>(
+    out: Vec<Option<Result<Lease, LockError>>>,
+    leases: impl IntoIterator<Item = &'a Lease>,
+) -> Vec<Result<Lease, LockError>> {
+    out.into_iter()
+        .zip(leases)
+        .map(|(r, lease)| {
+            r.unwrap_or_else(|| {
+                Err(LockError::permanent(
+                    BACKEND,
+                    RedisFailure(format!(
+                        "renew of lock {:?}: the batch gave no answer",
+                        lease.name()
+                    )),
+                ))
+            })
+        })
+        .collect()
 }
 
 /// A fresh fair-mode waiter id: random, so two waiters never share one,
@@ -870,24 +1119,47 @@ impl LockBackend for RedisBackend {
             .run_script("renew", lease.name(), &keys.lock, &inv)
             .await?;
         if r == 1 {
-            if let (Some(acked), Some(replicas)) = (acked, self.inner.config.wait_replicas) {
-                if acked < replicas {
-                    // The extension may vanish in a failover: the lease
-                    // keeps its old deadline, and the watchdog retries.
-                    return Err(self.unreplicated(
-                        "renew",
-                        lease.name(),
-                        acked,
-                        "the lease keeps its previous deadline",
-                    ));
-                }
-            }
-            Ok(lease.renewed(Duration::from_millis(ttl_ms), sent_at))
+            self.extended(lease, ttl_ms, sent_at, acked)
         } else {
             Err(LockError::Lost {
                 name: lease.name().to_string(),
             })
         }
+    }
+
+    /// One script run per [`RENEW_CHUNK`] leases (the chunks sent together),
+    /// each lease judged as [`renew`](LockBackend::renew) judges it: owner
+    /// and fencing token compared on the server, `PEXPIRE` only on a key
+    /// that is still ours, the deadline counted from the chunk's send. On a
+    /// cluster a chunk runs on the node of its first lease's slot, then on
+    /// the node of the first lease that node does not serve, and so on: one
+    /// run per node the chunk spans. A lease whose key the node it was sent
+    /// to refused to read (a slot that moved), or a chunk the server
+    /// refused as a whole (a server older than Redis 7 on a cluster), is
+    /// renewed on its own, through the driver's MOVED/ASK handling.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`renew`](LockBackend::renew): each lease was
+    /// extended or not, and its old deadline stays valid either way.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        let mut out: Vec<Option<Result<Lease, LockError>>> = leases.iter().map(|_| None).collect();
+        let mut batch = Vec::with_capacity(leases.len());
+        let mut at = Vec::with_capacity(leases.len());
+        for (i, lease) in leases.iter().enumerate() {
+            match self.keys(lease.name()) {
+                Ok(keys) => {
+                    batch.push((lease, keys));
+                    at.push(i);
+                }
+                Err(e) => out[i] = Some(Err(e)),
+            }
+        }
+        let chunks =
+            futures::future::join_all(batch.chunks(RENEW_CHUNK).map(|c| self.renew_chunk(c))).await;
+        for (i, r) in at.into_iter().zip(chunks.into_iter().flatten()) {
+            out[i] = Some(r);
+        }
+        every_answer(out, leases)
     }
 
     /// Compare-owner-and-delete, by script, publishing the release to
@@ -918,7 +1190,9 @@ impl LockBackend for RedisBackend {
         if fair {
             inv.key(&keys.queue)
                 .key(&keys.queue_deadlines)
-                .arg(&keys.wake_prefix);
+                .key(&keys.queue_waiters)
+                .arg(&keys.wake_prefix)
+                .arg(GRANT_FRESHNESS.as_millis() as u64);
         }
         let r: i64 = self
             .inner

@@ -327,8 +327,9 @@ impl RedisConfig {
     /// beside the lock's bookkeeping, in its cluster slot) with a deadline
     /// that each of its attempts pushes on; an attempt is granted only when
     /// the lock is free and no older live waiter is queued, in one script.
-    /// The releaser wakes the oldest waiter alone, on that waiter's own
-    /// channel. A waiter that crashed leaves the queue at its deadline
+    /// The releaser grants the lock to the oldest live waiter and tells it
+    /// alone, on that waiter's own channel (a waiter not heard from for a
+    /// second is only woken to try). A waiter that crashed leaves the queue at its deadline
     /// (twice the operation timeout, at least 2 s), a cancelled one at
     /// once (best effort). `try_acquire` never jumps the queue.
     ///

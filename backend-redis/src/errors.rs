@@ -66,28 +66,49 @@ pub(crate) fn is_retryable(e: &RedisError) -> bool {
 /// retryable flag and a message that names the operation and never the
 /// password.
 pub(crate) fn to_lock_error(cfg: &RedisConfig, what: &str, fail: Fail) -> LockError {
-    match fail {
-        Fail::Timeout(after) => LockError::transient(
-            BACKEND,
-            RedisFailure(cfg.scrub(format!(
-                "{what}: no reply from {} within {after:?}; the connection is being replaced",
-                cfg.redacted_url()
-            ))),
-        ),
-        Fail::Redis(e) => {
-            let retryable = is_retryable(&e);
-            let hint = match e.code() {
-                Some("WRONGTYPE") => " (the key exists but is not a lock of this format; it was left untouched)",
-                Some("NOAUTH") | Some("WRONGPASS") => " (check the user name and password in the URL)",
-                Some("NOPERM") => " (the user lacks an ACL permission this backend needs: EVALSHA, SCRIPT, PUBLISH, SUBSCRIBE and the lock keys)",
-                _ => "",
-            };
-            let text = cfg.scrub(format!("{what}: {e}{hint}"));
-            if retryable {
-                LockError::transient(BACKEND, RedisFailure(text))
-            } else {
-                LockError::permanent(BACKEND, RedisFailure(text))
+    FailText::new(cfg, &fail).error(what)
+}
+
+/// A failure's scrubbed message and retryability, kept apart from the
+/// failure itself so that one failed request can become the error of each
+/// lease it carried (a batch renew).
+pub(crate) struct FailText {
+    retryable: bool,
+    text: String,
+}
+
+impl FailText {
+    pub(crate) fn new(cfg: &RedisConfig, fail: &Fail) -> Self {
+        match fail {
+            Fail::Timeout(after) => FailText {
+                retryable: true,
+                text: cfg.scrub(format!(
+                    "no reply from {} within {after:?}; the connection is being replaced",
+                    cfg.redacted_url()
+                )),
+            },
+            Fail::Redis(e) => {
+                let hint = match e.code() {
+                    Some("WRONGTYPE") => " (the key exists but is not a lock of this format; it was left untouched)",
+                    Some("NOAUTH") | Some("WRONGPASS") => " (check the user name and password in the URL)",
+                    Some("NOPERM") => " (the user lacks an ACL permission this backend needs: EVALSHA, SCRIPT, PUBLISH, SUBSCRIBE and the lock keys)",
+                    _ => "",
+                };
+                FailText {
+                    retryable: is_retryable(e),
+                    text: cfg.scrub(format!("{e}{hint}")),
+                }
             }
+        }
+    }
+
+    /// The error of `what` failing this way.
+    pub(crate) fn error(&self, what: &str) -> LockError {
+        let failure = RedisFailure(format!("{what}: {}", self.text));
+        if self.retryable {
+            LockError::transient(BACKEND, failure)
+        } else {
+            LockError::permanent(BACKEND, failure)
         }
     }
 }

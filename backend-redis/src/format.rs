@@ -37,6 +37,10 @@ pub struct LockKeys {
     /// sorted set `__polylock__:queue-deadlines:{TAG}[:KEY]`; an entry
     /// past it is dropped by the next script that reads the queue.
     pub queue_deadlines: String,
+    /// Fair mode: what a release needs to hand the lock straight to each
+    /// queued waiter (its TTL, owner token and holder description, and when
+    /// it last asked), a hash `__polylock__:queue-waiters:{TAG}[:KEY]`.
+    pub queue_waiters: String,
     /// Fair mode: a waiter with id `ID` is woken on the channel
     /// `wake_prefix` + `ID`, which only it subscribes to.
     pub wake_prefix: String,
@@ -49,7 +53,24 @@ pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) release: Script,
     pub(crate) renew: Script,
+    /// Renews a batch of leases in one run (`renew_many.lua`) on a single
+    /// server, where a script may touch any key.
+    pub(crate) renew_many: Script,
+    /// The same on a cluster node: the flag lets it read the keys of every
+    /// slot the node serves, though only the first lease's key is declared
+    /// (the one that routes the call); a key of a slot served elsewhere
+    /// makes that lease's answer -2, and it is renewed on its own.
+    pub(crate) renew_many_cluster: Script,
     pub(crate) inspect: Script,
+}
+
+/// Declares a script allowed to touch keys of several slots (Redis 7
+/// script flags); an older server refuses it, and the batch then falls back
+/// to one renew per lease.
+macro_rules! cross_slot {
+    ($($body:expr),+) => {
+        concat!("#!lua flags=allow-cross-slot-keys\n", $($body),+)
+    };
 }
 
 static PLAIN: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -62,7 +83,18 @@ static PLAIN: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         include_str!("../scripts/plain_release_fn.lua"),
         include_str!("../scripts/plain_release.lua")
     )),
-    renew: Script::new(include_str!("../scripts/plain_renew.lua")),
+    renew: Script::new(concat!(
+        include_str!("../scripts/plain_renew_fn.lua"),
+        include_str!("../scripts/plain_renew.lua")
+    )),
+    renew_many: Script::new(concat!(
+        include_str!("../scripts/plain_renew_fn.lua"),
+        include_str!("../scripts/renew_many.lua")
+    )),
+    renew_many_cluster: Script::new(cross_slot!(
+        include_str!("../scripts/plain_renew_fn.lua"),
+        include_str!("../scripts/renew_many.lua")
+    )),
     inspect: Script::new(include_str!("../scripts/plain_inspect.lua")),
 });
 
@@ -72,7 +104,18 @@ static REDISSON: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         include_str!("../scripts/redisson_acquire.lua")
     )),
     release: Script::new(include_str!("../scripts/redisson_release.lua")),
-    renew: Script::new(include_str!("../scripts/redisson_renew.lua")),
+    renew: Script::new(concat!(
+        include_str!("../scripts/redisson_renew_fn.lua"),
+        include_str!("../scripts/redisson_renew.lua")
+    )),
+    renew_many: Script::new(concat!(
+        include_str!("../scripts/redisson_renew_fn.lua"),
+        include_str!("../scripts/renew_many.lua")
+    )),
+    renew_many_cluster: Script::new(cross_slot!(
+        include_str!("../scripts/redisson_renew_fn.lua"),
+        include_str!("../scripts/renew_many.lua")
+    )),
     inspect: Script::new(include_str!("../scripts/redisson_inspect.lua")),
 });
 
@@ -95,14 +138,20 @@ pub(crate) static FAIR: LazyLock<FairScripts> = LazyLock::new(|| FairScripts {
     )),
     release: Script::new(concat!(
         include_str!("../scripts/plain_release_fn.lua"),
+        include_str!("../scripts/fence_seed.lua"),
+        include_str!("../scripts/plain_grant.lua"),
         include_str!("../scripts/fair_queue.lua"),
         include_str!("../scripts/fair_release.lua")
     )),
     leave: Script::new(concat!(
+        include_str!("../scripts/fence_seed.lua"),
+        include_str!("../scripts/plain_grant.lua"),
         include_str!("../scripts/fair_queue.lua"),
         include_str!("../scripts/fair_leave.lua")
     )),
     waiters: Script::new(concat!(
+        include_str!("../scripts/fence_seed.lua"),
+        include_str!("../scripts/plain_grant.lua"),
         include_str!("../scripts/fair_queue.lua"),
         include_str!("../scripts/fair_waiters.lua")
     )),
@@ -115,7 +164,9 @@ pub(crate) static FORCE_RELEASE: LazyLock<Script> =
 pub(crate) fn all_scripts() -> Vec<&'static Script> {
     let mut v = vec![&*FORCE_RELEASE];
     for s in [&*PLAIN, &*REDISSON] {
-        v.extend([&s.acquire, &s.release, &s.renew, &s.inspect]);
+        // Not the cluster batch: a server older than Redis 7 refuses its
+        // flags, and that must not fail the connect (the batch falls back).
+        v.extend([&s.acquire, &s.release, &s.renew, &s.renew_many, &s.inspect]);
     }
     v.extend([&FAIR.acquire, &FAIR.release, &FAIR.leave, &FAIR.waiters]);
     v
@@ -182,6 +233,7 @@ impl Layout {
                     bookkeeping: format!("{AUX}{beside}"),
                     queue: format!("{AUX}queue:{beside}"),
                     queue_deadlines: format!("{AUX}queue-deadlines:{beside}"),
+                    queue_waiters: format!("{AUX}queue-waiters:{beside}"),
                     wake_prefix: format!("{AUX}wake:{beside}:"),
                     lock,
                 })
@@ -199,6 +251,7 @@ impl Layout {
                     // Unused: fair mode needs the plain format.
                     queue: format!("{REDISSON_BOOK}queue:{}", beside(n)),
                     queue_deadlines: format!("{REDISSON_BOOK}queue-deadlines:{}", beside(n)),
+                    queue_waiters: format!("{REDISSON_BOOK}queue-waiters:{}", beside(n)),
                     wake_prefix: format!("{REDISSON_BOOK}wake:{}:", beside(n)),
                 };
                 if self.cluster && slot(&keys.lock) != slot(&keys.fence) {
@@ -404,6 +457,7 @@ mod tests {
             assert_eq!(slot(&k.lock), slot(&k.channel), "{n}");
             assert_eq!(slot(&k.lock), slot(&k.queue), "{n}");
             assert_eq!(slot(&k.lock), slot(&k.queue_deadlines), "{n}");
+            assert_eq!(slot(&k.lock), slot(&k.queue_waiters), "{n}");
             assert!(k.fence.starts_with(AUX) && k.channel.starts_with(AUX));
         }
         let k = l.keys(&LockName::new("reports/nightly").unwrap()).unwrap();
@@ -433,6 +487,7 @@ mod tests {
             assert!(seen.insert(k.channel.clone()), "{n}: {}", k.channel);
             assert!(seen.insert(k.queue.clone()), "{n}: {}", k.queue);
             assert!(seen.insert(k.queue_deadlines.clone()), "{n}");
+            assert!(seen.insert(k.queue_waiters.clone()), "{n}");
         }
     }
 

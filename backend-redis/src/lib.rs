@@ -47,6 +47,12 @@
 //!   else was granted the lock (the counter moved on) is
 //!   [`LockError::Lost`](lock_core::LockError), even when the lock is free
 //!   again by then: the holding was not exclusive.
+//! - **Batched renewals** ([`LockBackend::renew_many`](lock_core::LockBackend::renew_many),
+//!   `batch_renew`): one script run per [`RENEW_CHUNK`] leases, each lease
+//!   checked and extended as its own renew would be; on a cluster one run
+//!   per node a chunk's keys live on, on Redlock one request per node per
+//!   chunk (`tests/batch.rs`, `tests/cluster.rs`, `tests/redlock.rs` count
+//!   the server's script calls).
 //! - Scripts are in `scripts/*.lua`, sent by SHA-1 (`EVALSHA`), loaded at
 //!   connect time and again by the driver on `NOSCRIPT`.
 //! - **Waiting**: after one failed attempt the waiter subscribes to the
@@ -98,11 +104,17 @@
 //!   The acquire script drops entries past their deadline, grants only a
 //!   free lock with no older live waiter, and otherwise queues the waiter
 //!   (once) or pushes its deadline on; a try (no wait) never queues and
-//!   never jumps the queue. The release script wakes the oldest live waiter
-//!   alone, on its own channel `__polylock__:wake:{TAG}[:KEY]:ID`; a waiter
-//!   that gives up or is cancelled leaves the queue (and wakes the next one
-//!   if it was first and the lock is free), one that crashed leaves it at
-//!   its deadline. `waiters` counts the live queue entries. Fairness holds
+//!   never jumps the queue. Each queued attempt also records the waiter's
+//!   TTL, token and description in `__polylock__:queue-waiters:{TAG}[:KEY]`,
+//!   so that the release script grants the lock straight to the oldest live
+//!   waiter whose last attempt is under a second old, and tells it so alone,
+//!   on its own channel `__polylock__:wake:{TAG}[:KEY]:ID`: the waiter holds
+//!   the lock without another round trip, its deadline counted from its
+//!   last refused attempt's send (why that is safe: `RedisBackend`'s
+//!   `granted`; `tests/fair.rs`). An older entry (its waiter may have died)
+//!   is only woken to try. A waiter that gives up or is cancelled leaves the
+//!   queue, frees a lock granted to it that it never took up, and hands it
+//!   to the next waiter; one that crashed leaves it at its deadline. `waiters` counts the live queue entries. Fairness holds
 //!   among polylock clients in fair mode: foreign clients and polylock
 //!   clients without `fair=true` do not see the queue (`tests/fair.rs`,
 //!   and the conformance suite's FIFO case on `redis-fair` and
@@ -171,7 +183,7 @@ mod nodes;
 mod redlock;
 mod wait;
 
-pub use backend::{guarantees, guarantees_for, RedisBackend, FENCING_CAVEAT};
+pub use backend::{guarantees, guarantees_for, RedisBackend, FENCING_CAVEAT, RENEW_CHUNK};
 pub use config::{
     Algorithm, Format, RedisConfig, DEFAULT_OP_TIMEOUT, DEFAULT_PREFIX, DEFAULT_WAIT_TIMEOUT,
 };

@@ -107,7 +107,7 @@ pub use config::{
     MIN_NODES,
 };
 
-use crate::backend::{foreign_value, PX_UNIT};
+use crate::backend::{every_answer, foreign_value, PX_UNIT, RENEW_CHUNK};
 use crate::config::{Format, RedisConfig};
 use crate::conn::Link;
 use crate::errors::{connect_error, is_retryable, Fail, RedisFailure};
@@ -149,6 +149,7 @@ pub(crate) fn guarantees() -> Guarantees {
     // Written by each node's grant beside the lock; `inspect` shows the
     // description a majority of the holder's nodes keep.
     g.holder_meta = true;
+    g.batch_renew = true;
     g
 }
 
@@ -175,7 +176,13 @@ impl Node {
                 let link = Link::connect(&self.config).await?;
                 let mut scripts: Vec<&Script> = vec![&RAISE_FENCE, &UNDO, &FORCE_RELEASE];
                 let plain = plain_layout(String::new()).scripts();
-                scripts.extend([&plain.acquire, &plain.release, &plain.renew, &plain.inspect]);
+                scripts.extend([
+                    &plain.acquire,
+                    &plain.release,
+                    &plain.renew,
+                    &plain.renew_many,
+                    &plain.inspect,
+                ]);
                 link.load_scripts(&scripts).await?;
                 Ok(link)
             })
@@ -624,6 +631,91 @@ impl RedlockBackend {
         )))
     }
 
+    /// What one lease's renew on the nodes (their answers in `tally`, the
+    /// request sent at `sent_at`) comes to: the extended lease with a
+    /// majority within the old and the new validity, else `Lost`, after
+    /// releasing it where it still holds.
+    async fn judge_renewal(
+        &self,
+        lease: &Lease,
+        tally: &Tally<'_>,
+        ttl_ms: u64,
+        sent_at: Instant,
+    ) -> Result<Lease, LockError> {
+        let renewed = lease.renewed(Duration::from_millis(ttl_ms), sent_at);
+        let now = Instant::now();
+        if tally.ok >= self.quorum() && now < lease.deadline() && now < renewed.deadline() {
+            return Ok(renewed);
+        }
+        let left = lease
+            .deadline()
+            .checked_duration_since(now)
+            .map_or("none".to_string(), |d| format!("{d:?}"));
+        tracing::warn!(
+            "polylock redlock: {}",
+            tally.message(
+                "renew",
+                lease.name(),
+                "extended",
+                "no longer ours",
+                &format!("validity left {left}; the lease is lost"),
+            )
+        );
+        self.release_quietly(lease).await;
+        Err(LockError::Lost {
+            name: lease.name().to_string(),
+        })
+    }
+
+    /// [`renew_many`](LockBackend::renew_many) of at most [`RENEW_CHUNK`]
+    /// leases: one script run on every node.
+    async fn renew_chunk(&self, batch: &[(&Lease, LockKeys)]) -> Vec<Result<Lease, LockError>> {
+        let mut inv = self.inner.layout.scripts().renew_many.prepare_invoke();
+        inv.key(&batch[0].1.lock);
+        let mut ttls = Vec::with_capacity(batch.len());
+        for (lease, keys) in batch {
+            let (_, ttl_ms) = guarantees().granted_ttl(lease.ttl(), PX_UNIT);
+            inv.arg(&keys.lock)
+                .arg(&keys.fence)
+                .arg(stored_value(lease))
+                .arg(lease.fence().get())
+                .arg(ttl_ms);
+            ttls.push(ttl_ms);
+        }
+        let sent_at = Instant::now();
+        let replies = self.on_all::<Vec<i64>>(&inv).await;
+        let judged = batch
+            .iter()
+            .zip(ttls)
+            .enumerate()
+            .map(|(j, ((lease, _), ttl_ms))| {
+                let mut tally = Tally::new(&self.inner.nodes);
+                for (i, r) in replies.iter().enumerate() {
+                    match r {
+                        Ok(codes) if codes.len() == batch.len() => match codes[j] {
+                            1 => tally.ok += 1,
+                            // The node could not read this lease's keys (a key
+                            // of another type): a failure, as renew counts it.
+                            -2 => tally.failed.push(format!(
+                                "{}: the lock's keys could not be read",
+                                self.inner.nodes[i].addr()
+                            )),
+                            _ => tally.refused += 1,
+                        },
+                        Ok(codes) => tally.failed.push(format!(
+                            "{}: {} answers for {} leases",
+                            self.inner.nodes[i].addr(),
+                            codes.len(),
+                            batch.len()
+                        )),
+                        Err(f) => tally.fail(i, f),
+                    }
+                }
+                async move { self.judge_renewal(lease, &tally, ttl_ms, sent_at).await }
+            });
+        join_all(judged).await
+    }
+
     /// Releases `lease` on every node where it still holds, quietly: for a
     /// lease already declared lost.
     async fn release_quietly(&self, lease: &Lease) {
@@ -690,29 +782,36 @@ impl LockBackend for RedlockBackend {
                 Err(f) => tally.fail(i, &f),
             }
         }
-        let renewed = lease.renewed(Duration::from_millis(ttl_ms), sent_at);
-        let now = Instant::now();
-        if tally.ok >= self.quorum() && now < lease.deadline() && now < renewed.deadline() {
-            return Ok(renewed);
+        self.judge_renewal(lease, &tally, ttl_ms, sent_at).await
+    }
+
+    /// The `plain` batch renew script ([`RENEW_CHUNK`] leases at most per
+    /// run) on every node at once: one request per node for each chunk, the
+    /// chunks sent together. Each lease is then judged by its own majority
+    /// and validity exactly as [`renew`](LockBackend::renew) judges it, and
+    /// a lease that is lost is released where it still holds.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`renew`](LockBackend::renew): each lease was
+    /// extended on some nodes or none, and its old deadline stays valid.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        let mut out: Vec<Option<Result<Lease, LockError>>> = leases.iter().map(|_| None).collect();
+        let mut batch = Vec::with_capacity(leases.len());
+        let mut at = Vec::with_capacity(leases.len());
+        for (i, lease) in leases.iter().enumerate() {
+            match self.keys(lease.name()) {
+                Ok(keys) => {
+                    batch.push((lease, keys));
+                    at.push(i);
+                }
+                Err(e) => out[i] = Some(Err(e)),
+            }
         }
-        let left = lease
-            .deadline()
-            .checked_duration_since(now)
-            .map_or("none".to_string(), |d| format!("{d:?}"));
-        tracing::warn!(
-            "polylock redlock: {}",
-            tally.message(
-                "renew",
-                lease.name(),
-                "extended",
-                "no longer ours",
-                &format!("validity left {left}; the lease is lost"),
-            )
-        );
-        self.release_quietly(lease).await;
-        Err(LockError::Lost {
-            name: lease.name().to_string(),
-        })
+        let chunks = join_all(batch.chunks(RENEW_CHUNK).map(|c| self.renew_chunk(c))).await;
+        for (i, r) in at.into_iter().zip(chunks.into_iter().flatten()) {
+            out[i] = Some(r);
+        }
+        every_answer(out, leases)
     }
 
     /// The `plain` owner- and token-checked delete on every node.

@@ -68,6 +68,7 @@ struct State {
 struct Channel {
     waiters: usize,
     notify: Arc<Notify>,
+    grants: GrantSlot,
 }
 
 enum Cmd {
@@ -90,8 +91,13 @@ impl Shared {
         self.state().channels.keys().cloned().collect()
     }
 
-    fn wake(&self, channel: &str) {
-        let notify = self.state().channels.get(channel).map(|c| c.notify.clone());
+    fn wake(&self, channel: &str, grant: Option<u64>) {
+        let notify = self.state().channels.get(channel).map(|c| {
+            if let Some(fence) = grant {
+                c.grants.put(fence);
+            }
+            c.notify.clone()
+        });
         if let Some(n) = notify {
             n.notify_waiters();
         }
@@ -110,14 +116,40 @@ impl Shared {
     }
 }
 
+/// The start of the message a fair-mode release sends to the waiter it
+/// granted the lock to (`fair_queue.lua`), followed by the fencing token.
+pub(crate) const GRANT_MESSAGE: &str = "granted:";
+
+/// The fencing token of the last grant message on one channel (a fair-mode
+/// waiter's own), until the waiter takes it.
+#[derive(Clone, Default)]
+pub(crate) struct GrantSlot(Arc<Mutex<Option<u64>>>);
+
+impl GrantSlot {
+    fn put(&self, fence: u64) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(fence);
+    }
+
+    /// The token of the grant message that came since the last take.
+    pub(crate) fn take(&self) -> Option<u64> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
 /// One waiter's interest in a channel. Dropping it gives the interest up.
 pub(crate) struct Subscription {
     shared: Arc<Shared>,
     channel: String,
     notify: Arc<Notify>,
+    grants: GrantSlot,
 }
 
 impl Subscription {
+    /// Where grant messages on this channel are kept for the waiter.
+    pub(crate) fn messages(&self) -> GrantSlot {
+        self.grants.clone()
+    }
+
     /// A wake-up for the next message on the channel, registered now: a
     /// message that arrives after this call and before the future is first
     /// polled still wakes it.
@@ -182,7 +214,7 @@ impl Subscriber {
     ///
     /// Must run inside a tokio runtime (the actor is spawned on it).
     pub(crate) async fn subscribe(&self, channel: &str, limit: Instant) -> (Subscription, bool) {
-        let (notify, actor) = {
+        let (notify, grants, actor) = {
             let mut st = self.shared.state();
             let entry = st
                 .channels
@@ -190,9 +222,11 @@ impl Subscriber {
                 .or_insert_with(|| Channel {
                     waiters: 0,
                     notify: Arc::new(Notify::new()),
+                    grants: GrantSlot::default(),
                 });
             entry.waiters += 1;
             let notify = entry.notify.clone();
+            let grants = entry.grants.clone();
             let alive = st.actor.as_ref().is_some_and(|a| !a.is_closed());
             if !alive {
                 // First waiter of this client, or the runtime that ran the
@@ -201,7 +235,7 @@ impl Subscriber {
                 tokio::spawn(actor(Arc::downgrade(&self.shared), rx));
                 st.actor = Some(tx);
             }
-            (notify, st.actor.clone())
+            (notify, grants, st.actor.clone())
         };
         // The guard exists before the first await, so a cancelled caller
         // gives its interest back.
@@ -209,6 +243,7 @@ impl Subscriber {
             shared: Arc::clone(&self.shared),
             channel: channel.to_string(),
             notify,
+            grants,
         };
         let (tx, rx) = oneshot::channel();
         let sent = actor.is_some_and(|a| a.send(Cmd::Sync(channel.to_string(), Some(tx))).is_ok());
@@ -252,7 +287,13 @@ async fn actor(shared: Weak<Shared>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
             msg = async { live.as_mut().expect("guarded").stream.next().await }, if has_live => {
                 let Some(shared) = shared.upgrade() else { return };
                 match msg {
-                    Some(msg) => shared.wake(msg.get_channel_name()),
+                    Some(msg) => {
+                        let grant = msg
+                            .get_payload::<String>()
+                            .ok()
+                            .and_then(|p| p.strip_prefix(GRANT_MESSAGE)?.parse().ok());
+                        shared.wake(msg.get_channel_name(), grant)
+                    }
                     None => {
                         tracing::debug!("polylock redis: pub/sub connection closed");
                         lost(&shared, &mut live);

@@ -514,3 +514,109 @@ async fn waiters_of_one_key_share_one_follower() {
         assert!(lease.is_some(), "every waiter is served in turn");
     }
 }
+
+/// `renew_many` on a three-master cluster: a batch of two chunks, with
+/// released, expired and foreign-held leases among the live ones, is
+/// answered lease by lease as `renew` would, in at most one script run per
+/// node for each chunk (counted by the masters themselves; a renew per
+/// lease would be one run per lease). Then the slot of one live lease moves
+/// to another master behind the client's back: the node the batch is sent
+/// to cannot read that key, and the lease is renewed on its new owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_batch_renews_once_per_node_and_follows_a_moved_slot() {
+    let cluster = RedisCluster::start(3).expect("cluster");
+    let url = format!("redis+cluster://{}", cluster.seed_nodes());
+    let ours = backend(&url).await;
+    let mut foreign = raw_cluster(&cluster).await;
+    let admins = futures::future::join_all(cluster.servers().iter().map(common::raw_url)).await;
+    let live_ttl = Duration::from_secs(30);
+    let n = backend_redis::RENEW_CHUNK + 20;
+    let prefix = format!("cluster-batch-{:08x}", rand::random::<u32>());
+    let names: Vec<LockName> = (0..n).map(|i| name(&format!("{prefix}-{i}"))).collect();
+    let (released, expired, theirs) = (1, 2, 3);
+    let mut leases = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        let ttl = if i == expired {
+            Duration::from_millis(50)
+        } else {
+            live_ttl
+        };
+        leases.push(acquire_free(&ours, n, ttl).await);
+    }
+    ours.release(&leases[released]).await.unwrap();
+    ours.release(&leases[theirs]).await.unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(names[theirs].as_str())
+        .arg("someone-else")
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut foreign)
+        .await
+        .unwrap();
+    sleep(Duration::from_millis(200)).await;
+    let live = |i: usize| ![released, expired, theirs].contains(&i);
+
+    // The first batch also loads the batch script on each master.
+    let warm = ours.renew_many(&leases).await;
+    let mut calls_before = 0;
+    for a in &admins {
+        calls_before += common::script_calls(a).await;
+    }
+    let answers = ours.renew_many(&leases).await;
+    let mut calls = 0;
+    for a in &admins {
+        calls += common::script_calls(a).await;
+    }
+    let calls = calls - calls_before;
+    for (i, (w, a)) in warm.iter().zip(&answers).enumerate() {
+        if live(i) {
+            let renewed = a.as_ref().expect("a live lease is renewed");
+            assert!(w.is_ok(), "lease {i}: {w:?}");
+            assert_eq!(renewed.name(), &names[i], "answers out of order");
+            assert_eq!(renewed.fence(), leases[i].fence());
+        } else {
+            assert!(a.as_ref().is_err_and(|e| e.is_lost()), "lease {i}: {a:?}");
+        }
+    }
+    let pttl: i64 = foreign.pttl(names[theirs].as_str()).await.unwrap();
+    assert!(
+        pttl > live_ttl.as_millis() as i64,
+        "the foreign lock was renewed: {pttl}"
+    );
+    let exists: bool = foreign.exists(names[expired].as_str()).await.unwrap();
+    assert!(!exists, "the expired lock was re-created");
+    let chunks = n.div_ceil(backend_redis::RENEW_CHUNK) as u64;
+    assert!(
+        (chunks..=chunks * 3).contains(&calls),
+        "{calls} script runs for {n} leases in {chunks} chunks on 3 masters"
+    );
+
+    // A live lease's slot moves; the client's slot map still names the old
+    // owner. Its expiry is shortened, so only a renew on the new owner can
+    // lengthen it again.
+    let moved = 10;
+    let mut admin = common::raw(&cluster.servers()[0].url()).await;
+    let slot: i64 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(names[moved].as_str())
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let (ids, from) = owner_of_slot(&cluster, slot).await;
+    move_slot(&cluster, &ids, slot, from, (from + 1) % 3).await;
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(names[moved].as_str())
+        .arg(10_000)
+        .query_async(&mut foreign)
+        .await
+        .unwrap();
+    let again = ours.renew_many(&leases).await;
+    for (i, a) in again.iter().enumerate() {
+        assert_eq!(a.is_ok(), live(i), "lease {i} after the move: {a:?}");
+    }
+    let pttl: i64 = foreign.pttl(names[moved].as_str()).await.unwrap();
+    assert!(
+        pttl > 10_000,
+        "the lease whose slot moved was not renewed on its new owner: pttl {pttl}"
+    );
+}

@@ -257,3 +257,214 @@ async fn a_foreign_holder_is_waited_for_and_the_mode_says_fair() {
         .expect("granted after the foreign lock expired");
     client.release(&lease).await.unwrap();
 }
+
+/// The fair-mode leave script, as the backend builds it (the test runs it
+/// in place of a waiter that gave up).
+fn leave_script() -> redis::Script {
+    redis::Script::new(concat!(
+        include_str!("../scripts/fence_seed.lua"),
+        include_str!("../scripts/plain_grant.lua"),
+        include_str!("../scripts/fair_queue.lua"),
+        include_str!("../scripts/fair_leave.lua")
+    ))
+}
+
+/// Puts a waiter `id` at the head of the queue as a polylock waiter's
+/// attempt would: its entry, deadline, and what a release needs to grant it
+/// the lock (TTL, when it last asked, its token).
+async fn queue_ghost(
+    admin: &MultiplexedConnection,
+    keys: &backend_redis::LockKeys,
+    id: &str,
+    token: &str,
+    ttl_ms: u64,
+    last_seen_ms: u64,
+    dies_at_ms: u64,
+) {
+    let mut a = admin.clone();
+    let _: () = redis::pipe()
+        .cmd("ZADD")
+        .arg(&keys.queue)
+        .arg(0)
+        .arg(id)
+        .ignore()
+        .cmd("ZADD")
+        .arg(&keys.queue_deadlines)
+        .arg(dies_at_ms)
+        .arg(id)
+        .ignore()
+        .cmd("HSET")
+        .arg(&keys.queue_waiters)
+        .arg(id)
+        .arg(format!("{ttl_ms}:{last_seen_ms}:{token}:"))
+        .ignore()
+        .query_async(&mut a)
+        .await
+        .unwrap();
+}
+
+async fn get(admin: &MultiplexedConnection, key: &str) -> Option<String> {
+    let mut a = admin.clone();
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut a)
+        .await
+        .unwrap()
+}
+
+/// A release hands the lock straight to the head waiter: the waiter holds
+/// it on the release's message alone, with no attempt of its own after the
+/// release (its lease is counted from a request sent before the release
+/// began, which only a refused attempt made before it can be), and that
+/// deadline is within the lock's expiry on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_grants_the_head_waiter_without_another_round_trip() {
+    let srv = server();
+    let url = format!("{}/0?fair=true", srv.url());
+    let holder = backend(&url).await;
+    let waiter = backend(&url).await;
+    let admin = raw(&srv.url()).await;
+    let n = name("fair/direct");
+    let keys = holder.keys(&n).unwrap();
+    let lease = common::acquire_free(&holder, &n, TTL).await;
+    let request = wait_req(&n, TTL, Duration::from_secs(60));
+    let task = spawn_timed_acquire(&waiter, request.clone());
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            queued(&holder, &n).await == 1
+        })
+        .await
+    );
+    // Past the waiter's subscription and its first fallback polls.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let release_began = tokio::time::Instant::now();
+    holder.release(&lease).await.unwrap();
+    let (_, got) = task.await.unwrap();
+    let granted = got.expect("the head waiter acquires");
+    let now = tokio::time::Instant::now();
+    assert!(granted.fence() > lease.fence());
+    assert_eq!(granted.ttl(), TTL);
+    let from_release = request
+        .lease(granted.fence(), TTL, release_began)
+        .deadline();
+    assert!(
+        granted.deadline() < from_release,
+        "the waiter's lease is counted from after the release began: it asked the server again"
+    );
+    let mut a = admin.clone();
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&keys.lock)
+        .query_async(&mut a)
+        .await
+        .unwrap();
+    assert!(
+        Duration::from_millis(pttl as u64) >= granted.deadline() - now,
+        "the lease outlives the lock on the server: pttl {pttl} ms"
+    );
+    assert_eq!(
+        waiter.inspect(&n).await.unwrap().unwrap().fence,
+        Some(granted.fence())
+    );
+    waiter.release(&granted).await.unwrap();
+    assert_eq!(zcard(&admin, &keys.queue).await, 0);
+}
+
+/// A release grants the lock to a waiter that is gone before it learned of
+/// it (its leave, from a time-out or a cancellation, comes after the
+/// grant): the leave frees the lock and hands it on to the next waiter. A
+/// waiter whose last attempt is old (it may have died) is not granted the
+/// lock, only woken, and its entry expires by its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_to_a_waiter_that_left_is_handed_on_and_a_stale_waiter_is_not_granted() {
+    let srv = server();
+    let url = long_lived(&srv);
+    let holder = backend(&url).await;
+    let next = backend(&url).await;
+    let admin = raw(&srv.url()).await;
+    let n = name("fair/ghost");
+    let keys = holder.keys(&n).unwrap();
+    let lease = common::acquire_free(&holder, &n, TTL).await;
+    let now = server_ms(&admin).await;
+    let ghost_token = format!("{:032x}", rand::random::<u128>());
+    queue_ghost(
+        &admin,
+        &keys,
+        "ghost",
+        &ghost_token,
+        30_000,
+        now,
+        now + 60_000,
+    )
+    .await;
+    let task = spawn_timed_acquire(&next, wait_req(&n, TTL, Duration::from_secs(60)));
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            queued(&holder, &n).await == 2
+        })
+        .await
+    );
+    holder.release(&lease).await.unwrap();
+    assert_eq!(
+        get(&admin, &keys.lock).await.as_deref(),
+        Some(ghost_token.as_str()),
+        "the release granted the head waiter"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!task.is_finished(), "the second waiter jumped the queue");
+    let mut a = admin.clone();
+    let left: i64 = leave_script()
+        .key(&keys.lock)
+        .key(&keys.fence)
+        .key(&keys.queue)
+        .key(&keys.queue_deadlines)
+        .key(&keys.queue_waiters)
+        .arg("ghost")
+        .arg(&keys.wake_prefix)
+        .arg(&keys.channel)
+        .arg(1000)
+        .invoke_async(&mut a)
+        .await
+        .unwrap();
+    assert_eq!(left, 2, "the leave freed the grant");
+    let (_, got) = timeout(Duration::from_secs(5), task)
+        .await
+        .expect("handed on at the leave, not at a poll or the TTL")
+        .unwrap();
+    let second = got.expect("the next waiter acquires");
+    assert_eq!(
+        next.inspect(&n).await.unwrap().unwrap().fence,
+        Some(second.fence())
+    );
+
+    // A stale head (last attempt 5 s ago, entry alive 1.5 s more) is only
+    // woken: the lock stays free until its entry dies.
+    let now = server_ms(&admin).await;
+    queue_ghost(
+        &admin,
+        &keys,
+        "stale",
+        &ghost_token,
+        30_000,
+        now - 5000,
+        now + 1500,
+    )
+    .await;
+    let third = backend(&url).await;
+    let task = spawn_timed_acquire(&third, wait_req(&n, TTL, Duration::from_secs(60)));
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            queued(&holder, &n).await == 2
+        })
+        .await
+    );
+    next.release(&second).await.unwrap();
+    assert_eq!(
+        get(&admin, &keys.lock).await,
+        None,
+        "a stale waiter was granted"
+    );
+    let (_, got) = task.await.unwrap();
+    let lease = got.expect("granted once the stale entry expired");
+    assert!(server_ms(&admin).await >= now + 1500);
+    third.release(&lease).await.unwrap();
+}

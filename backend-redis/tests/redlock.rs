@@ -2,6 +2,8 @@
 //! processes: killed and paused nodes, slow nodes, fencing across restarts,
 //! the documented unsafe case, and node-redlock 5 on the same nodes.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -767,4 +769,99 @@ async fn holder_meta_needs_a_majority() {
         "two of five nodes are no majority"
     );
     ours.release(&lease).await.unwrap();
+}
+
+/// `renew_many` with one node down: a batch of two chunks mixing live,
+/// released, expired and foreign-held leases (a foreign holder on three
+/// nodes) and one lease missing on a single node. Each lease is judged by
+/// its own majority as `renew` judges it: the live ones and the one with a
+/// majority left are renewed, the others are `Lost` and the foreign keys
+/// untouched. Every live node ran one batch script per chunk, plus the
+/// release of each lost lease (a renew per lease would be one run per
+/// lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_renew_judges_each_lease_by_its_majority_in_one_request_per_node() {
+    let servers = five();
+    let c = client(&servers).await;
+    let n = backend_redis::RENEW_CHUNK + 10;
+    let names: Vec<LockName> = (0..n).map(|i| name(&format!("batch-{i}"))).collect();
+    let (released, expired, foreign, minority) = (1, 2, 3, 4);
+    let mut leases = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        let ttl = if i == expired {
+            backend_redis::REDLOCK_MIN_TTL
+        } else {
+            Duration::from_secs(30)
+        };
+        leases.push(c.try_acquire(&req(n, ttl)).await.unwrap().expect("free"));
+    }
+    c.release(&leases[released]).await.unwrap();
+    let mut raws = Vec::new();
+    for s in &servers {
+        raws.push(
+            redis::Client::open(s.url())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap(),
+        );
+    }
+    for raw in raws.iter_mut().take(3) {
+        let _: () = redis::cmd("SET")
+            .arg(names[foreign].as_str())
+            .arg("someone-else")
+            .arg("PX")
+            .arg(60_000)
+            .query_async(raw)
+            .await
+            .unwrap();
+    }
+    let _: () = redis::cmd("DEL")
+        .arg(names[minority].as_str())
+        .query_async(&mut raws[0])
+        .await
+        .unwrap();
+    servers[4].kill().unwrap();
+    sleep(Duration::from_millis(300)).await;
+    let mut before = Vec::new();
+    for raw in &raws[..4] {
+        before.push(common::script_calls(raw).await);
+    }
+    let answers = c.renew_many(&leases).await;
+    assert_eq!(answers.len(), n);
+    let lost = [released, expired, foreign];
+    for (i, a) in answers.iter().enumerate() {
+        if lost.contains(&i) {
+            assert!(a.as_ref().is_err_and(|e| e.is_lost()), "lease {i}: {a:?}");
+        } else {
+            let renewed = a.as_ref().expect("renewed by a majority");
+            assert_eq!(renewed.name(), &names[i], "answers out of order");
+            assert_eq!(renewed.fence(), leases[i].fence());
+            assert!(renewed.deadline() > leases[i].deadline());
+        }
+    }
+    let chunks = n.div_ceil(backend_redis::RENEW_CHUNK) as u64;
+    for (i, raw) in raws[..4].iter().enumerate() {
+        let calls = common::script_calls(raw).await - before[i];
+        assert_eq!(
+            calls,
+            chunks + lost.len() as u64,
+            "node {i}: script runs for {n} leases ({chunks} chunks, {} releases of lost leases)",
+            lost.len()
+        );
+    }
+    for s in &servers[..3] {
+        assert_eq!(
+            value_on(s, names[foreign].as_str()).await.as_deref(),
+            Some("someone-else"),
+            "the foreign holder's key"
+        );
+    }
+    for s in &servers[..4] {
+        assert_eq!(
+            value_on(s, names[expired].as_str()).await,
+            None,
+            "re-created"
+        );
+    }
 }

@@ -230,3 +230,28 @@ pub fn median(v: &mut [Duration]) -> Duration {
     v.sort();
     v[v.len() / 2]
 }
+
+/// How many scripts the server at `conn` has run (`EVALSHA` + `EVAL`
+/// calls in `INFO commandstats`): the server's own request count for
+/// polylock's operations, each of which is one script run.
+pub async fn script_calls(conn: &MultiplexedConnection) -> u64 {
+    let mut conn = conn.clone();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split([':', ','])
+                .find_map(|f| f.strip_prefix("calls="))
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// A raw connection to one spawned server.
+pub async fn raw_url(server: &RedisServer) -> MultiplexedConnection {
+    raw(&server.url()).await
+}
