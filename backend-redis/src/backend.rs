@@ -934,6 +934,42 @@ impl RedisBackend {
     }
 }
 
+/// Renews `leases` through `chunk`, [`RENEW_CHUNK`] at a time and every
+/// chunk at once, and puts each answer back at its lease's place; a lease
+/// whose keys cannot be made is answered by that error without a request.
+/// The one piece of the single-instance and the Redlock batches.
+pub(crate) async fn renew_chunked<'a, Fut>(
+    leases: &'a [Lease],
+    keys: impl Fn(&LockName) -> Result<LockKeys, LockError>,
+    chunk: impl Fn(Vec<(&'a Lease, LockKeys)>) -> Fut,
+) -> Vec<Result<Lease, LockError>>
+where
+    Fut: std::future::Future<Output = Vec<Result<Lease, LockError>>>,
+{
+    let mut out: Vec<Option<Result<Lease, LockError>>> = leases.iter().map(|_| None).collect();
+    let mut batch = Vec::with_capacity(leases.len());
+    let mut at = Vec::with_capacity(leases.len());
+    for (i, lease) in leases.iter().enumerate() {
+        match keys(lease.name()) {
+            Ok(k) => {
+                batch.push((lease, k));
+                at.push(i);
+            }
+            Err(e) => out[i] = Some(Err(e)),
+        }
+    }
+    let mut chunks = Vec::new();
+    let mut rest = batch.into_iter().peekable();
+    while rest.peek().is_some() {
+        chunks.push(chunk(rest.by_ref().take(RENEW_CHUNK).collect()));
+    }
+    let answers = futures::future::join_all(chunks).await;
+    for (i, r) in at.into_iter().zip(answers.into_iter().flatten()) {
+        out[i] = Some(r);
+    }
+    every_answer(out, leases)
+}
+
 /// The answers of a batch, one per lease; a lease left without one (which
 /// the batch code never does) gets a permanent error rather than a panic.
 pub(crate) fn every_answer<'a>(
@@ -1142,24 +1178,12 @@ impl LockBackend for RedisBackend {
     /// Cancel safe, as [`renew`](LockBackend::renew): each lease was
     /// extended or not, and its old deadline stays valid either way.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
-        let mut out: Vec<Option<Result<Lease, LockError>>> = leases.iter().map(|_| None).collect();
-        let mut batch = Vec::with_capacity(leases.len());
-        let mut at = Vec::with_capacity(leases.len());
-        for (i, lease) in leases.iter().enumerate() {
-            match self.keys(lease.name()) {
-                Ok(keys) => {
-                    batch.push((lease, keys));
-                    at.push(i);
-                }
-                Err(e) => out[i] = Some(Err(e)),
-            }
-        }
-        let chunks =
-            futures::future::join_all(batch.chunks(RENEW_CHUNK).map(|c| self.renew_chunk(c))).await;
-        for (i, r) in at.into_iter().zip(chunks.into_iter().flatten()) {
-            out[i] = Some(r);
-        }
-        every_answer(out, leases)
+        renew_chunked(
+            leases,
+            |n| self.keys(n),
+            |c| async move { self.renew_chunk(&c).await },
+        )
+        .await
     }
 
     /// Compare-owner-and-delete, by script, publishing the release to

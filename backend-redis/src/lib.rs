@@ -47,7 +47,7 @@
 //!   else was granted the lock (the counter moved on) is
 //!   [`LockError::Lost`](lock_core::LockError), even when the lock is free
 //!   again by then: the holding was not exclusive.
-//! - **Batched renewals** ([`LockBackend::renew_many`](lock_core::LockBackend::renew_many),
+//! - **Batched renewals** ([`LockBackend::renew_many`],
 //!   `batch_renew`): one script run per [`RENEW_CHUNK`] leases, each lease
 //!   checked and extended as its own renew would be; on a cluster one run
 //!   per node a chunk's keys live on, on Redlock one request per node per

@@ -107,7 +107,7 @@ pub use config::{
     MIN_NODES,
 };
 
-use crate::backend::{every_answer, foreign_value, PX_UNIT, RENEW_CHUNK};
+use crate::backend::{foreign_value, renew_chunked, PX_UNIT};
 use crate::config::{Format, RedisConfig};
 use crate::conn::Link;
 use crate::errors::{connect_error, is_retryable, Fail, RedisFailure};
@@ -667,7 +667,7 @@ impl RedlockBackend {
         })
     }
 
-    /// [`renew_many`](LockBackend::renew_many) of at most [`RENEW_CHUNK`]
+    /// [`renew_many`](LockBackend::renew_many) of at most [`RENEW_CHUNK`](crate::backend::RENEW_CHUNK)
     /// leases: one script run on every node.
     async fn renew_chunk(&self, batch: &[(&Lease, LockKeys)]) -> Vec<Result<Lease, LockError>> {
         let mut inv = self.inner.layout.scripts().renew_many.prepare_invoke();
@@ -785,7 +785,7 @@ impl LockBackend for RedlockBackend {
         self.judge_renewal(lease, &tally, ttl_ms, sent_at).await
     }
 
-    /// The `plain` batch renew script ([`RENEW_CHUNK`] leases at most per
+    /// The `plain` batch renew script ([`RENEW_CHUNK`](crate::backend::RENEW_CHUNK) leases at most per
     /// run) on every node at once: one request per node for each chunk, the
     /// chunks sent together. Each lease is then judged by its own majority
     /// and validity exactly as [`renew`](LockBackend::renew) judges it, and
@@ -795,23 +795,12 @@ impl LockBackend for RedlockBackend {
     /// Cancel safe, as [`renew`](LockBackend::renew): each lease was
     /// extended on some nodes or none, and its old deadline stays valid.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
-        let mut out: Vec<Option<Result<Lease, LockError>>> = leases.iter().map(|_| None).collect();
-        let mut batch = Vec::with_capacity(leases.len());
-        let mut at = Vec::with_capacity(leases.len());
-        for (i, lease) in leases.iter().enumerate() {
-            match self.keys(lease.name()) {
-                Ok(keys) => {
-                    batch.push((lease, keys));
-                    at.push(i);
-                }
-                Err(e) => out[i] = Some(Err(e)),
-            }
-        }
-        let chunks = join_all(batch.chunks(RENEW_CHUNK).map(|c| self.renew_chunk(c))).await;
-        for (i, r) in at.into_iter().zip(chunks.into_iter().flatten()) {
-            out[i] = Some(r);
-        }
-        every_answer(out, leases)
+        renew_chunked(
+            leases,
+            |n| self.keys(n),
+            |c| async move { self.renew_chunk(&c).await },
+        )
+        .await
     }
 
     /// The `plain` owner- and token-checked delete on every node.

@@ -1035,7 +1035,7 @@ impl LockBackend for SqlBackend {
         }
     }
 
-    /// Renews up to [`RENEW_CHUNK`] leases per statement (chunks of a
+    /// Renews up to 256 leases per statement (chunks of a
     /// larger batch run at once, each on its own connection), with the
     /// checks of [`renew`](LockBackend::renew) for every row and each
     /// lease's own TTL; see `RenewBatch` in `dialect.rs` for each

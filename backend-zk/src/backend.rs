@@ -899,7 +899,7 @@ impl LockBackend for ZkBackend {
     }
 
     /// Renews the leases of each session with one multi-read per
-    /// [`RENEW_CHUNK`] leases (a request per session a batch spans, all in
+    /// 256 leases (a request per session a batch spans, all in
     /// flight together), not one request per lease: see
     /// [`Guarantees::batch_renew`]. A lease this client no longer holds is
     /// `Err(Lost)` without a request.

@@ -4,7 +4,7 @@
 //! The lock service is whatever `POLYLOCK_URL` (or the config file in
 //! `POLYLOCK_CONFIG`) names; nothing here depends on the backend.
 //!
-//! usage: nightly-worker STORE_DIR [JOB_MILLISECONDS]
+//! usage: nightly-worker STORE_DIR \[JOB_MILLISECONDS\]
 //! prints `ran fence=N` or `skipped`, exit 0; errors on stderr, exit 1.
 
 use std::process::ExitCode;
