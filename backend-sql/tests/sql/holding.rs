@@ -131,8 +131,10 @@ async fn retried_acquire_takes_back_its_orphan(dialect: &str, url: String, port:
             assert_eq!(h.owner, owner.to_string(), "{dialect}");
             break;
         }
+        // Generous: on a loaded machine the delayed statement and the
+        // server that runs it both wait for a core (10 s ran out once in CI).
         assert!(
-            started.elapsed() < Duration::from_secs(10),
+            started.elapsed() < Duration::from_secs(30),
             "{dialect}: the attempt never ran"
         );
         sleep(Duration::from_millis(50)).await;
