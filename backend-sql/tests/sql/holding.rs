@@ -163,13 +163,21 @@ async fn retried_acquire_takes_back_its_orphan(dialect: &str, url: String, port:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_retried_acquire_takes_back_its_orphan() {
-    let pg = tokio::task::spawn_blocking(common::pg).await.unwrap();
+    // A server of its own: the delayed client opens no new connection in
+    // time, so it must not share connection slots and locks with the rest.
+    let pg = tokio::task::spawn_blocking(testkit::PostgresServer::start)
+        .await
+        .unwrap()
+        .expect("start PostgreSQL");
     retried_acquire_takes_back_its_orphan("postgres", pg.url(), pg.port()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_retried_acquire_takes_back_its_orphan() {
-    let m = tokio::task::spawn_blocking(common::maria).await.unwrap();
+    let m = tokio::task::spawn_blocking(testkit::MariaDbServer::start)
+        .await
+        .unwrap()
+        .expect("start MariaDB");
     retried_acquire_takes_back_its_orphan("mariadb", m.url(), m.port()).await;
 }
 
