@@ -11,18 +11,18 @@ use lock_core::{
     async_trait, validate_list, wait, AcquireRequest, FencingToken, Guarantees, HolderInfo,
     HolderMeta, Lease, LockBackend, LockError, LockName, OwnerToken,
 };
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlTypeInfo};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgTypeInfo, Postgres};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, ConnectOptions};
+use sqlx::{AssertSqlSafe, ConnectOptions, SqlSafeStr};
 use tokio::sync::{OnceCell, Semaphore};
 use tokio::time::Instant;
 
 use crate::config::SqlConfig;
 use crate::dialect::{
-    bucket, guarantees, like_prefix, Dialect, RenewBatch, Statements, RENEW_CHUNK,
+    bucket, guarantees, like_prefix, Bind, Dialect, RenewBatch, Statements, RENEW_CHUNK,
 };
 use crate::errors::{duplicate, is_broken_connection, is_conflict, ErrorContext};
 use crate::schema;
@@ -126,6 +126,42 @@ macro_rules! pool_match {
 ///
 /// # Cancel safety
 /// Cancel safe: a connection opened stays in the pool.
+/// An `after_connect` hook preparing the hot statements (see
+/// [`Statements::hot`]) on each new connection.
+macro_rules! prepare_hot {
+    ($sql:expr, $types:expr) => {{
+        let hot: Arc<[(Arc<str>, Vec<_>)]> = $sql
+            .hot()
+            .into_iter()
+            .map(|(statement, binds)| (statement, binds.into_iter().map($types).collect()))
+            .collect();
+        move |conn: &mut _, _| {
+            let hot = Arc::clone(&hot);
+            Box::pin(async move {
+                for (statement, types) in hot.iter() {
+                    sqlx::Executor::prepare_with(&mut *conn, q(statement).into_sql_str(), types)
+                        .await?;
+                }
+                Ok(())
+            })
+        }
+    }};
+}
+
+fn pg_type(bind: Bind) -> PgTypeInfo {
+    match bind {
+        Bind::Text => <&str as sqlx::Type<Postgres>>::type_info(),
+        Bind::Int8 => <i64 as sqlx::Type<Postgres>>::type_info(),
+        Bind::Texts => <Vec<String> as sqlx::Type<Postgres>>::type_info(),
+        Bind::Int8s => <Vec<i64> as sqlx::Type<Postgres>>::type_info(),
+    }
+}
+
+/// MySQL takes the bind types with each execution.
+fn mysql_type(_: Bind) -> MySqlTypeInfo {
+    <&[u8] as sqlx::Type<MySql>>::type_info()
+}
+
 async fn warm(pools: &Pools, errors: &ErrorContext) -> Result<(), LockError> {
     let opened = pool_match!(pools, {
         Sqlite(p) | Postgres(p) | MySql(p) => p.acquire().await.map(drop),
@@ -288,6 +324,7 @@ impl SqlBackend {
                             // dead connection fails its statement, which
                             // `run` then sends again on a fresh one.
                             .test_before_acquire(false)
+                            .after_connect(prepare_hot!(sql, pg_type))
                             .connect_lazy_with(options.clone()),
                     )
                 };
@@ -305,6 +342,7 @@ impl SqlBackend {
                             .idle_timeout(Some(Duration::from_secs(60)))
                             // As for PostgreSQL: no ping per statement.
                             .test_before_acquire(false)
+                            .after_connect(prepare_hot!(sql, mysql_type))
                             .connect_lazy_with(options.clone()),
                     )
                 };

@@ -389,7 +389,38 @@ pub(crate) fn bucket(texts: &[(usize, Arc<str>)], n: usize) -> (usize, &Arc<str>
 /// resolution; ROUND undoes the floating-point division.
 const SQLITE_NOW_MS: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
 
+/// The type of a bind, for preparing a statement before its first use:
+/// PostgreSQL fixes parameter types at preparation, and a statement is
+/// cached by its text alone, so they must be the types the hot path binds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Bind {
+    Text,
+    Int8,
+    /// An array of that type (the batched renewal's columns).
+    Texts,
+    Int8s,
+}
+
 impl Statements {
+    /// The statements of the hot paths with their binds, prepared on each
+    /// new pooled connection (PostgreSQL, MySQL): a first statement on a
+    /// connection is then one round trip instead of two (prepare, execute),
+    /// and an operation timeout shorter than two round trips cannot cut
+    /// every attempt off between the two, never executing it.
+    pub(crate) fn hot(&self) -> Vec<(Arc<str>, Vec<Bind>)> {
+        use Bind::*;
+        let mut hot = vec![
+            (self.acquire.clone(), vec![Text, Text, Int8, Text]),
+            (self.reclaim.clone(), vec![Text, Text, Int8, Text]),
+            (self.renew.clone(), vec![Text, Text, Int8, Int8]),
+            (self.release.clone(), vec![Text, Text, Int8, Text]),
+        ];
+        if let RenewBatch::Arrays(batch) = &self.renew_batch {
+            hot.push((batch.clone(), vec![Texts, Texts, Int8s, Int8s]));
+        }
+        hot
+    }
+
     pub(crate) fn new(dialect: Dialect, table: &str, fence_table: &str) -> Self {
         let t = table;
         let channel = format!("polylock_{table}");

@@ -93,8 +93,14 @@ async fn retried_acquire_takes_back_its_orphan(dialect: &str, url: String, port:
     let direct = SqlBackend::connect(&format!("{url}?table={table}"))
         .await
         .unwrap();
-    // Open the pooled connections (and PostgreSQL's listener) while the
-    // network is fast.
+    // Open every pooled connection (and PostgreSQL's listener) while the
+    // network is fast: through the delay no new connection can open within
+    // the operation timeout. One at a time is not enough: a connection
+    // goes back to the pool in a task of its own, and an acquire that finds
+    // none idle while the pool is below its size opens another (the attempt
+    // then never ran, on a loaded machine). Two statements at once (an
+    // acquire on the main lane, a renew on the upkeep lane) bring the pool
+    // to its size of two, after which an acquire waits for an idle one.
     let warm = client
         .acquire(&request(
             &unique("warm"),
@@ -105,7 +111,18 @@ async fn retried_acquire_takes_back_its_orphan(dialect: &str, url: String, port:
         .await
         .unwrap()
         .expect("warm-up lock");
-    client.release(&warm).await.unwrap();
+    let other = request(
+        &unique("warm"),
+        OwnerToken::random(),
+        Duration::from_secs(5),
+        Duration::ZERO,
+    );
+    let (renewed, second) = futures::join!(client.renew(&warm), client.try_acquire(&other));
+    client.release(&renewed.unwrap()).await.unwrap();
+    client
+        .release(&second.unwrap().expect("second warm-up lock"))
+        .await
+        .unwrap();
 
     let name = unique("orphan");
     let owner = OwnerToken::random();
@@ -158,7 +175,10 @@ async fn retried_acquire_takes_back_its_orphan(dialect: &str, url: String, port:
         Some(lease.fence()),
         "{dialect}: the lease is the row's holding"
     );
-    client.release(&lease).await.unwrap();
+    // Through `direct`: the delayed client's connections were cut by its
+    // timeouts, and a new one may take longer than its 400 ms on a loaded
+    // machine. A release names owner and version, so any client can make it.
+    direct.release(&lease).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
