@@ -1,8 +1,8 @@
 //! [`ZkBackend`]: the [`LockBackend`] over ZooKeeper.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,14 +10,15 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use lock_core::{
     AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Lease,
-    LockBackend, LockError, LockName, OwnerToken, WaitMechanism,
+    LockBackend, LockError, LockName, WaitMechanism,
 };
+use tokio::sync::Notify;
 use tokio::time::{sleep, sleep_until, Instant};
-use tokio_util::sync::CancellationToken;
-use zookeeper_client::{CreateMode, Error, EventType, Stat, WatchedEvent};
+use zookeeper_client::{CreateMode, Error, EventType, MultiReadResult, Stat, WatchedEvent};
 
 use crate::config::ZkConfig;
-use crate::errors::{from_zk, outcome_unknown, timed, BACKEND};
+use crate::errors::{again, from_zk, outcome_unknown, timed, BACKEND};
+use crate::holdings::{self, Expiry, Held, Holdings};
 use crate::path::{is_ours, may_lead_to, name_of_path, name_path, node_prefix, queue, sequence_of};
 use crate::session::{Session, Sessions};
 use lock_core::{owner_value, parse_owner_value};
@@ -40,6 +41,12 @@ const ADMIN_SESSION: Duration = Duration::from_secs(30);
 /// release with `Ok`.
 const REMEMBERED: usize = 4096;
 
+/// The most leases one renewal request reads (the watchdog hands over at
+/// most 256 at a time). A lock node's data is at most the owner token and
+/// an encoded [`lock_core::HolderMeta`] (under 1.7 KB), so the answer stays
+/// far below ZooKeeper's default `jute.maxbuffer` of 1 MiB.
+pub(crate) const RENEW_CHUNK: usize = 256;
+
 /// What this backend promises.
 pub fn guarantees() -> Guarantees {
     let mut g = Guarantees::new(BACKEND);
@@ -55,6 +62,7 @@ pub fn guarantees() -> Guarantees {
     g.holder_meta = true;
     g.list = true;
     g.counts_waiters = true;
+    g.batch_renew = true;
     g
 }
 
@@ -81,8 +89,10 @@ fn holder_info(data: &[u8], stat: &Stat) -> HolderInfo {
 /// still a lease: a holding that is not renewed within its TTL is deleted
 /// by this client at `sent_at + ttl` (never before the holder's local
 /// deadline). `renew` reads the node (which also touches the session on
-/// the server) and moves that expiry. Both must go through the client that
-/// acquired the lease.
+/// the server) and moves that expiry; `renew_many` reads the nodes of up to
+/// 256 leases of one session in one multi-read (ZooKeeper 3.6 or later), so
+/// the watchdog's renewals of many held locks cost a request per batch, not
+/// per lock. Both must go through the client that acquired the lease.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), lock_core::LockError> {
@@ -111,21 +121,13 @@ impl fmt::Debug for ZkBackend {
 struct Inner {
     config: ZkConfig,
     sessions: Sessions,
-    /// Holdings of this client by node path.
-    held: Mutex<HashMap<String, Held>>,
+    /// Holdings of this client by node path, in expiry order too.
+    held: Mutex<Holdings>,
+    /// Wakes the expiry task when a holding expires before its next look.
+    expiry_wake: Arc<Notify>,
     /// Node paths this client released (or expired), oldest first, with
     /// what the lock's directory looked like right after.
-    gone: Mutex<VecDeque<(String, Gone)>>,
-}
-
-struct Held {
-    owner: OwnerToken,
-    fence: FencingToken,
-    /// When the server-side lease ends unless renewed: `sent_at + ttl` of
-    /// the last acquire or renew.
-    expires: Instant,
-    session: Arc<Session>,
-    stop: CancellationToken,
+    gone: Mutex<VecDeque<(Arc<str>, Gone)>>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -176,6 +178,7 @@ impl ZkBackend {
                 config,
                 sessions: Sessions::default(),
                 held: Mutex::default(),
+                expiry_wake: Arc::default(),
                 gone: Mutex::default(),
             }),
         }
@@ -525,22 +528,24 @@ impl ZkBackend {
                 LockError::permanent(BACKEND, format!("{path} has czxid {}", stat.czxid))
             })?;
         let ttl = s.timeout();
+        // One allocation for the path: the lease's key, the holding's key
+        // and its place in the expiry order share it.
+        let key: Arc<str> = path.into();
         let lease = req
             .lease(fence, ttl, sent)
-            .with_backend_key(path.clone())
+            .with_backend_key(key.clone())
             .with_revocation(s.ended.clone());
-        let stop = CancellationToken::new();
-        self.inner.held().insert(
-            path.clone(),
-            Held {
-                owner: req.owner,
-                fence,
-                expires: sent + ttl,
-                session: s.clone(),
-                stop: stop.clone(),
-            },
-        );
-        spawn_expiry(Arc::downgrade(&self.inner), path, stop);
+        let expiry = self
+            .inner
+            .held()
+            .insert(key, req.owner, fence, sent + ttl, s.clone());
+        match expiry {
+            Expiry::Planned => {}
+            Expiry::Wake => self.inner.expiry_wake.notify_one(),
+            Expiry::Start(generation) => {
+                holdings::start(&self.inner, self.inner.expiry_wake.clone(), generation)
+            }
+        }
         Ok(lease)
     }
 
@@ -573,7 +578,7 @@ impl ZkBackend {
             let s = self.session(req.ttl).await?;
             let (path, stat) = self.enter(&s, &dir, &data).await?;
             let node = path.rsplit('/').next().unwrap_or_default().to_string();
-            let mut ours = NodeGuard::new(&s, &path);
+            let mut ours = NodeGuard::new(&s, &path, self.op());
             // Fires when our own node changes (it is only ever deleted) or
             // the connection's state does.
             let mut own: Option<BoxFuture<'static, WatchedEvent>> = None;
@@ -591,7 +596,7 @@ impl ZkBackend {
                     }
                     Standing::Behind(pred, pred_is_first) => {
                         if Instant::now() >= wait_until {
-                            ours.delete_now(self.op()).await;
+                            ours.delete_now().await;
                             return Ok(None);
                         }
                         let pred = format!("{dir}/{pred}");
@@ -660,33 +665,93 @@ impl ZkBackend {
         }
     }
 
-    /// Reads `lease`'s node and checks it is still this holding.
-    async fn check_node(&self, s: &Session, lease: &Lease, path: &str) -> Result<Stat, LockError> {
-        let lost = || LockError::Lost {
-            name: lease.name().to_string(),
-        };
-        match timed("get", self.op(), s.client.get_data(path)).await? {
-            Ok((data, stat)) => {
-                let same = parse_owner_value(&data).is_some_and(|(o, _)| o == lease.owner())
-                    && u64::try_from(stat.czxid).ok() == Some(lease.fence().get())
-                    && stat.ephemeral_owner == s.id();
-                if same {
-                    Ok(stat)
-                } else {
-                    Err(lost())
-                }
-            }
-            Err(Error::NoNode) => Err(lost()),
-            Err(e) => Err(from_zk(&format!("reading {path}"), e)),
-        }
-    }
-
     /// The holding behind `lease`, if this client has it.
     fn held_session(&self, lease: &Lease, path: &str) -> Option<(Arc<Session>, Instant)> {
         let held = self.inner.held();
         let h = held.get(path)?;
         (h.owner == lease.owner() && h.fence == lease.fence())
             .then(|| (h.session.clone(), h.expires))
+    }
+
+    /// The session to renew `lease` on, or `Err(Lost)` without any request
+    /// when this client no longer holds it (released, expired, taken by
+    /// another client, its session ended).
+    fn renewable(&self, lease: &Lease) -> Result<Arc<Session>, LockError> {
+        let lost = || LockError::Lost {
+            name: lease.name().to_string(),
+        };
+        let path = lease.backend_key().ok_or_else(lost)?;
+        let (s, expires) = self.held_session(lease, path).ok_or_else(lost)?;
+        if expires <= Instant::now() || s.ended.is_cancelled() {
+            return Err(lost());
+        }
+        Ok(s)
+    }
+
+    /// Renews `leases`, all of session `s` (at most [`RENEW_CHUNK`]), with
+    /// ONE multi-read of their nodes: each node must still be there with
+    /// our owner token, our czxid (the fence) and our session as its
+    /// ephemeral owner. The request also tells the server the session is
+    /// alive, and the server keeps every ephemeral node of a live session,
+    /// so the read is the whole renewal: nothing is written, and a node that
+    /// is gone is never created again.
+    async fn renew_chunk(&self, s: &Session, leases: &[&Lease]) -> Vec<Result<Lease, LockError>> {
+        let lost = |l: &Lease| LockError::Lost {
+            name: l.name().to_string(),
+        };
+        let mut reader = s.client.new_multi_reader();
+        for l in leases {
+            // `renewable` checked the key; the path was valid when created.
+            if let Err(e) = reader.add_get_data(l.backend_key().unwrap_or_default()) {
+                let e = from_zk("renewing", e);
+                return leases.iter().map(|_| Err(again(&e))).collect();
+            }
+        }
+        let sent = Instant::now();
+        let answers = match timed("renew", self.op(), reader.commit()).await {
+            Ok(Ok(a)) if a.len() == leases.len() => a,
+            Ok(Ok(a)) => {
+                let e = LockError::permanent(
+                    BACKEND,
+                    format!("renewing: {} answers to {} reads", a.len(), leases.len()),
+                );
+                return leases.iter().map(|_| Err(again(&e))).collect();
+            }
+            Ok(Err(e)) => {
+                let e = from_zk("renewing", e);
+                return leases.iter().map(|_| Err(again(&e))).collect();
+            }
+            Err(e) => return leases.iter().map(|_| Err(again(&e))).collect(),
+        };
+        let ttl = s.timeout();
+        let mut held = self.inner.held();
+        leases
+            .iter()
+            .zip(answers)
+            .map(|(l, answer)| {
+                let path = l.backend_key().unwrap_or_default();
+                match answer {
+                    MultiReadResult::Data { data, stat } => {
+                        let same = parse_owner_value(&data).is_some_and(|(o, _)| o == l.owner())
+                            && u64::try_from(stat.czxid).ok() == Some(l.fence().get())
+                            && stat.ephemeral_owner == s.id();
+                        // Moves the expiry only if the holding is still
+                        // this lease's and had not expired meanwhile.
+                        if same && held.extend(path, l.fence(), sent + ttl) {
+                            Ok(l.renewed(ttl, sent))
+                        } else {
+                            Err(lost(l))
+                        }
+                    }
+                    MultiReadResult::Error { err: Error::NoNode } => Err(lost(l)),
+                    MultiReadResult::Error { err } => Err(from_zk(&format!("reading {path}"), err)),
+                    other => Err(LockError::permanent(
+                        BACKEND,
+                        format!("reading {path}: unexpected answer {other:?}"),
+                    )),
+                }
+            })
+            .collect()
     }
 
     async fn dir_pzxid(&self, s: &Session, dir: &str) -> Option<(i64, i32)> {
@@ -698,11 +763,11 @@ impl ZkBackend {
 }
 
 impl Inner {
-    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
+    fn held(&self) -> std::sync::MutexGuard<'_, Holdings> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn remember(&self, path: String, gone: Gone) {
+    fn remember(&self, path: Arc<str>, gone: Gone) {
         let mut g = self.gone.lock().unwrap_or_else(|p| p.into_inner());
         if g.len() >= REMEMBERED {
             g.pop_front();
@@ -712,88 +777,110 @@ impl Inner {
 
     fn gone(&self, path: &str) -> Option<Gone> {
         let g = self.gone.lock().unwrap_or_else(|p| p.into_inner());
-        g.iter().rev().find(|(p, _)| p == path).map(|(_, s)| *s)
+        g.iter().rev().find(|(p, _)| &**p == path).map(|(_, s)| *s)
     }
 }
 
-/// Deletes the node at `path` when its lease runs out unrenewed: a lease
-/// ends at its TTL even though the session would keep the node.
-fn spawn_expiry(inner: Weak<Inner>, path: String, stop: CancellationToken) {
-    tokio::spawn(async move {
-        loop {
-            let expires = {
-                let Some(inner) = inner.upgrade() else { return };
-                let held = inner.held();
-                match held.get(&path) {
-                    Some(h) => h.expires,
-                    None => return,
-                }
-            };
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = sleep_until(expires) => {}
-            }
-            let Some(inner) = inner.upgrade() else { return };
-            let h = {
-                let mut held = inner.held();
-                match held.get(&path) {
-                    Some(h) if h.expires <= Instant::now() => held.remove(&path),
-                    Some(_) => continue,
-                    None => return,
-                }
-            };
-            let Some(h) = h else { return };
-            let op = inner.config.op_timeout;
-            let _ = tokio::time::timeout(op, h.session.client.delete(&path, None)).await;
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The expiry task holds the client weakly: let it see that now
+        // rather than at the next expiry.
+        self.expiry_wake.notify_one();
+    }
+}
+
+impl holdings::Owner for Inner {
+    fn holdings(&self) -> std::sync::MutexGuard<'_, Holdings> {
+        self.held()
+    }
+
+    /// A lease ends at its TTL even though the session would keep the
+    /// node: deletes it, and remembers the directory's state right after so
+    /// a late release of this lease can tell whether anyone took it since.
+    fn expired(self: Arc<Self>, path: Arc<str>, held: Held) {
+        tokio::spawn(async move {
+            let op = self.config.op_timeout;
+            let client = &held.session.client;
+            let _ = tokio::time::timeout(op, client.delete(&path, None)).await;
             let dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or_default();
-            let pzxid = match tokio::time::timeout(op, h.session.client.check_stat(dir)).await {
+            let pzxid = match tokio::time::timeout(op, client.check_stat(dir)).await {
                 Ok(Ok(Some(stat))) if stat.num_children == 0 => Some(stat.pzxid),
                 _ => None,
             };
-            inner.remember(path, Gone::Expired { pzxid });
-            return;
-        }
-    });
+            self.remember(path, Gone::Expired { pzxid });
+        });
+    }
 }
 
 /// Deletes a waiter's node if the wait ends without a lock (cancelled,
-/// failed): a cancelled waiter does not keep its place.
+/// failed, given up): a waiter that left does not keep its place.
 struct NodeGuard {
     client: Option<zookeeper_client::Client>,
     path: String,
+    op: Duration,
 }
 
 impl NodeGuard {
-    fn new(s: &Session, path: &str) -> Self {
+    fn new(s: &Session, path: &str, op: Duration) -> Self {
         NodeGuard {
             client: Some(s.client.clone()),
             path: path.to_string(),
+            op,
         }
     }
+
     fn disarm(&mut self) {
         self.client = None;
     }
-    async fn delete_now(&mut self, op: Duration) {
-        if let Some(c) = self.client.take() {
-            let _ = tokio::time::timeout(op, c.delete(&self.path, None)).await;
+
+    /// Deletes the node, waiting up to `op` for it; a delete that did not
+    /// get through by then goes on in the background.
+    async fn delete_now(&mut self) {
+        let op = self.op;
+        if let Some(task) = self.spawn_delete() {
+            let _ = tokio::time::timeout(op, task).await;
         }
+    }
+
+    fn spawn_delete(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        let client = self.client.take()?;
+        // No runtime (dropped outside one): the node goes with its session.
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        let path = std::mem::take(&mut self.path);
+        Some(rt.spawn(delete_until_gone(client, path, self.op)))
     }
 }
 
 impl Drop for NodeGuard {
     fn drop(&mut self) {
-        let Some(client) = self.client.take() else {
-            return;
-        };
-        let path = std::mem::take(&mut self.path);
-        // No async drop: the delete goes to the runtime. Without one the
-        // node goes with its session.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let _ =
-                    tokio::time::timeout(Duration::from_secs(5), client.delete(&path, None)).await;
-            });
+        // No async drop: the delete goes to the runtime.
+        let _ = self.spawn_delete();
+    }
+}
+
+/// Deletes `path`, a node of `client`'s session, trying again while the
+/// session lives. A waiter's node left behind by one failed delete (a
+/// connection lost at that moment) would come first in line once the
+/// nodes before it go, and hold the lock for nobody until its session
+/// ends.
+async fn delete_until_gone(client: zookeeper_client::Client, path: String, op: Duration) {
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match tokio::time::timeout(op, client.delete(&path, None)).await {
+            Ok(Ok(()) | Err(Error::NoNode)) => return,
+            Ok(Err(e)) if !outcome_unknown(&e) => {
+                // Refused (an ACL, say): trying again changes nothing.
+                tracing::warn!(backend = BACKEND, %path, error = %e, "could not delete a waiter's node");
+                return;
+            }
+            // Connection trouble or no answer in time.
+            Ok(Err(_)) | Err(_) => {}
         }
+        if client.state().is_terminated() {
+            return;
+        }
+        sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
 
@@ -830,30 +917,55 @@ impl LockBackend for ZkBackend {
         }
     }
 
-    /// Reads the node (touching the session) and moves the lease's expiry.
+    /// Reads the node (touching the session) and moves the lease's expiry:
+    /// [`renew_many`](LockBackend::renew_many) with one lease.
     ///
     /// # Cancel safety
     /// Cancel safe: the expiry moves only once the read answered.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        let lost = || LockError::Lost {
-            name: lease.name().to_string(),
-        };
-        let path = lease.backend_key().ok_or_else(lost)?.to_string();
-        let (s, expires) = self.held_session(lease, &path).ok_or_else(lost)?;
-        if expires <= Instant::now() || s.ended.is_cancelled() {
-            return Err(lost());
-        }
-        let sent = Instant::now();
-        self.check_node(&s, lease, &path).await?;
-        let ttl = s.timeout();
-        let mut held = self.inner.held();
-        match held.get_mut(&path) {
-            Some(h) if h.fence == lease.fence() && h.expires > Instant::now() => {
-                h.expires = sent + ttl;
-                Ok(lease.renewed(ttl, sent))
+        let mut answers = self.renew_many(std::slice::from_ref(lease)).await;
+        answers
+            .pop()
+            .unwrap_or_else(|| Err(LockError::permanent(BACKEND, "renewing: no answer")))
+    }
+
+    /// Renews the leases of each session with one multi-read per
+    /// 256 leases (a request per session a batch spans, all in
+    /// flight together), not one request per lease: see
+    /// [`Guarantees::batch_renew`]. A lease this client no longer holds is
+    /// `Err(Lost)` without a request.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a lease's expiry moves only once its read answered.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        let mut answers: Vec<Option<Result<Lease, LockError>>> =
+            leases.iter().map(|_| None).collect();
+        // The leases of each session, by their place in `leases`.
+        let mut by_session: Vec<(Arc<Session>, Vec<usize>)> = Vec::new();
+        for (i, lease) in leases.iter().enumerate() {
+            match self.renewable(lease) {
+                Ok(s) => match by_session.iter_mut().find(|(t, _)| Arc::ptr_eq(t, &s)) {
+                    Some((_, at)) => at.push(i),
+                    None => by_session.push((s, vec![i])),
+                },
+                Err(e) => answers[i] = Some(Err(e)),
             }
-            _ => Err(lost()),
         }
+        let chunks = by_session.iter().flat_map(|(s, at)| {
+            at.chunks(RENEW_CHUNK).map(move |at| async move {
+                let chunk: Vec<&Lease> = at.iter().map(|&i| &leases[i]).collect();
+                (at, self.renew_chunk(s, &chunk).await)
+            })
+        });
+        for (at, renewed) in futures::future::join_all(chunks).await {
+            for (&i, r) in at.iter().zip(renewed) {
+                answers[i] = Some(r);
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(LockError::permanent(BACKEND, "renewing: no answer"))))
+            .collect()
     }
 
     /// Deletes the node if it is still this holding.
@@ -865,26 +977,20 @@ impl LockBackend for ZkBackend {
         let lost = || LockError::Lost {
             name: lease.name().to_string(),
         };
-        let path = lease.backend_key().ok_or_else(lost)?.to_string();
-        let dir = path
-            .rsplit_once('/')
-            .map(|(d, _)| d.to_string())
-            .unwrap_or_default();
-        if let Some((s, _)) = self.held_session(lease, &path) {
+        let path = lease.backend_key().ok_or_else(lost)?;
+        let dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or_default();
+        if let Some((s, _)) = self.held_session(lease, path) {
             // The path holds a uuid of this client's own attempt, and lock
             // nodes are never written (version 0): a node still there is
             // this holding, so no read is needed before the delete.
-            let r = timed("delete", self.op(), s.client.delete(&path, Some(0))).await?;
-            let forget = || {
-                if let Some(h) = self.inner.held().remove(&path) {
-                    h.stop.cancel();
-                }
-            };
+            let r = timed("delete", self.op(), s.client.delete(path, Some(0))).await?;
+            let forget = || self.inner.held().remove(path);
             // A failed request keeps the holding: the caller may retry.
             return match r {
                 Ok(()) => {
-                    forget();
-                    self.inner.remember(path.clone(), Gone::Released);
+                    if let Some((path, _)) = forget() {
+                        self.inner.remember(path, Gone::Released);
+                    }
                     Ok(())
                 }
                 Err(Error::NoNode | Error::BadVersion) => {
@@ -894,11 +1000,11 @@ impl LockBackend for ZkBackend {
                 Err(e) => Err(from_zk(&format!("deleting {path}"), e)),
             };
         }
-        match self.inner.gone(&path) {
+        match self.inner.gone(path) {
             Some(Gone::Released) => Ok(()),
             Some(Gone::Expired { pzxid: Some(then) }) => {
                 let s = self.any_session().await?;
-                match self.dir_pzxid(&s, &dir).await {
+                match self.dir_pzxid(&s, dir).await {
                     Some((now, 0)) if now == then => Ok(()),
                     _ => Err(lost()),
                 }

@@ -52,6 +52,24 @@ pub(crate) fn from_zk(what: &str, e: Error) -> LockError {
     }
 }
 
+/// `e` again, for each lease of a batch that one failed request answered
+/// (errors are not `Clone`; this backend's carry their message only).
+pub(crate) fn again(e: &LockError) -> LockError {
+    match e {
+        LockError::Backend {
+            retryable, source, ..
+        } => {
+            let msg = source.to_string();
+            if *retryable {
+                LockError::transient(BACKEND, msg)
+            } else {
+                LockError::permanent(BACKEND, msg)
+            }
+        }
+        other => LockError::permanent(BACKEND, other.to_string()),
+    }
+}
+
 /// Runs one request with the client's `op_timeout`: a server that does not
 /// answer gives a retryable error instead of a hang.
 pub(crate) async fn timed<T, E>(
@@ -79,5 +97,13 @@ mod tests {
         let m = from_zk("create /x", Error::NoAuth).to_string();
         assert!(m.contains("zookeeper") && m.contains("create /x"), "{m}");
         assert!(m.contains("not authorized"), "{m}");
+        for e in [
+            from_zk("renew", Error::ConnectionLoss),
+            from_zk("renew", Error::NoAuth),
+        ] {
+            let copy = again(&e);
+            assert_eq!(copy.to_string(), e.to_string());
+            assert_eq!(copy.is_retryable(), e.is_retryable());
+        }
     }
 }

@@ -48,7 +48,10 @@
 //!   left out. `waiters` counts a directory's lock nodes but the first.
 //! - **Sessions and TTL.** One session per TTL asked for; the session
 //!   timeout the server negotiated is the lease's TTL. A lease not renewed
-//!   within its TTL is deleted by the client at `sent_at + ttl`. When the
+//!   within its TTL is deleted by the client at `sent_at + ttl`. Renewing
+//!   reads the node (owner token, czxid, ephemeral owner), which also shows
+//!   the server the session is alive; the leases of one session due
+//!   together are read in one multi-read request. When the
 //!   connection drops, renewals fail and the guard reports the loss at the
 //!   lease's local deadline unless the session reconnects in time. When the
 //!   session expires (or is closed), every lease of that session is revoked
@@ -66,6 +69,7 @@ mod backend;
 mod config;
 mod errors;
 mod fence;
+mod holdings;
 mod path;
 mod session;
 

@@ -244,3 +244,68 @@ async fn holder_keeps_the_lock_when_a_member_or_the_leader_dies() {
         .expect("release after the leader change");
     tokio::task::block_in_place(|| leader.restart()).expect("restart the old leader");
 }
+
+/// A waiter gives up while its connection is silenced, so the delete of
+/// its node cannot get through then; the session outlives the silence.
+/// The node must still go once the connection is back: left behind, it
+/// would come first in line after the holder's release and hold the lock
+/// for nobody while the waiter's session lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gave_up_during_a_network_cut_leaves_no_node() {
+    let server = common::server();
+    let proxy = Proxy::start(server.addr()).expect("proxy");
+    let waiter = Arc::new(
+        ZkBackend::connect(&format!("zk://{}?op_timeout=500ms", proxy.addr()))
+            .await
+            .expect("connect"),
+    );
+    let holder = common::client().await;
+    let name = common::unique("gave-up");
+    // A 6 s session: its client calls the connection lost after 2.4 s of
+    // silence (failing the delete in flight), and the server keeps the
+    // session through a 3.5 s cut.
+    let ttl = Duration::from_secs(6);
+    let held = common::try_take(&holder, &name, ttl)
+        .await
+        .expect("the holder takes the lock");
+    // The waiter client lives on (closing it would end its session, and
+    // the node with it).
+    let waiting = tokio::spawn({
+        let (name, waiter) = (name.clone(), waiter.clone());
+        async move {
+            waiter
+                .acquire(&common::req(&name, ttl, Duration::from_millis(800)))
+                .await
+                .map(|l| l.is_some())
+        }
+    });
+    // Queued by now; the cut comes before the wait ends.
+    sleep(Duration::from_millis(400)).await;
+    let cut = Instant::now();
+    proxy.set_mode(Mode::Blackhole);
+    let gave_up = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter gives up")
+        .unwrap();
+    assert!(!matches!(gave_up, Ok(true)), "the waiter got a held lock");
+    sleep(Duration::from_millis(3500).saturating_sub(cut.elapsed())).await;
+    proxy.set_mode(Mode::Pass);
+    holder.release(&held).await.expect("release");
+    // The waiter's session reconnects and its node goes; another client
+    // then finds the lock free.
+    let third = common::client().await;
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(lease) = common::try_take(&third, &name, ttl).await {
+            third.release(&lease).await.expect("release");
+            break;
+        }
+        let holder = third.inspect(&name).await.expect("inspect");
+        assert!(
+            Instant::now() < until,
+            "the lock stayed held after every holder and waiter left: {holder:?}"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    drop(waiter);
+}

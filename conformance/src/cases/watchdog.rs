@@ -259,9 +259,7 @@ pub(crate) async fn many_guards_of_one_client_are_all_kept(ctx: &Ctx<'_>) {
     sleep(ttl).await;
     assert_eq!(counted.renews(), after_release, "renewed after release");
     for name in &names {
-        assert!(
-            other.inspect(name).await.expect("inspect").is_none(),
-            "{name} held after release"
-        );
+        let holder = other.inspect(name).await.expect("inspect");
+        assert!(holder.is_none(), "{name} held after release: {holder:?}");
     }
 }
