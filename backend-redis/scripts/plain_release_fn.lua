@@ -4,17 +4,18 @@
 -- KEYS[1] lock key              ARGV[1] owner token     ARGV[3] release channel
 -- KEYS[2] bookkeeping hash      ARGV[2] fencing token
 --
--- The counter only moves when someone takes the lock, so it still equals
--- our token exactly while our holding lasts: an earlier lease of the same
--- owner (same token, lower fence) cannot delete a later one.
+-- The counter only moves up, and only when someone takes the lock, so it
+-- is past our token once anyone was granted it after us: an earlier lease
+-- of the same owner (same token, lower fence) cannot delete a later one.
+-- A counter behind our token is a Redlock node that missed the write-back
+-- of the quorum's token; what it holds is judged by the owner alone.
 --
 -- Returns 1 released, 0 nothing to release (it expired or was removed, and
 -- nobody was granted it since), -1 lost: someone else holds it (left
 -- untouched) or was granted it after us (the counter moved on).
 local function release(wake)
   local holder = redis.call('GET', KEYS[1])
-  local fence = redis.call('HGET', KEYS[2], 'fence')
-  if fence ~= ARGV[2] then
+  if compare_counters(redis.call('HGET', KEYS[2], 'fence') or '0', ARGV[2]) > 0 then
     return -1
   end
   if not holder then

@@ -80,18 +80,22 @@ static PLAIN: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         include_str!("../scripts/plain_acquire.lua")
     )),
     release: Script::new(concat!(
+        include_str!("../scripts/counter_fn.lua"),
         include_str!("../scripts/plain_release_fn.lua"),
         include_str!("../scripts/plain_release.lua")
     )),
     renew: Script::new(concat!(
+        include_str!("../scripts/counter_fn.lua"),
         include_str!("../scripts/plain_renew_fn.lua"),
         include_str!("../scripts/plain_renew.lua")
     )),
     renew_many: Script::new(concat!(
+        include_str!("../scripts/counter_fn.lua"),
         include_str!("../scripts/plain_renew_fn.lua"),
         include_str!("../scripts/renew_many.lua")
     )),
     renew_many_cluster: Script::new(cross_slot!(
+        include_str!("../scripts/counter_fn.lua"),
         include_str!("../scripts/plain_renew_fn.lua"),
         include_str!("../scripts/renew_many.lua")
     )),
@@ -137,6 +141,7 @@ pub(crate) static FAIR: LazyLock<FairScripts> = LazyLock::new(|| FairScripts {
         include_str!("../scripts/fair_acquire.lua")
     )),
     release: Script::new(concat!(
+        include_str!("../scripts/counter_fn.lua"),
         include_str!("../scripts/plain_release_fn.lua"),
         include_str!("../scripts/fence_seed.lua"),
         include_str!("../scripts/plain_grant.lua"),

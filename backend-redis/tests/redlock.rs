@@ -865,3 +865,53 @@ async fn batch_renew_judges_each_lease_by_its_majority_in_one_request_per_node()
         );
     }
 }
+
+/// Nodes that granted the lock but missed the write-back of its token (the
+/// write-back timed out there) are still part of the holder's majority:
+/// with two of five nodes down and two of the three others behind on the
+/// token, renew and release still work, and the renew brings the lagging
+/// counters up to the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_that_missed_the_token_write_back_still_count_for_renew_and_release() {
+    let servers = five();
+    let c = client(&servers).await;
+    let n = name("missed-raise");
+    let keys = c.keys(&n).unwrap();
+    let lease = c
+        .try_acquire(&req(&n, Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .expect("free");
+    let behind = lease.fence().get() - 1;
+    for s in &servers[..2] {
+        on_node(
+            s,
+            redis::cmd("HSET").arg(&keys.fence).arg("fence").arg(behind),
+        )
+        .await;
+    }
+    servers[3].kill().unwrap();
+    servers[4].kill().unwrap();
+    let renewed = c
+        .renew(&lease)
+        .await
+        .expect("renew on the three nodes holding the key");
+    for s in &servers[..3] {
+        let v = on_node(s, redis::cmd("HGET").arg(&keys.fence).arg("fence")).await;
+        let counter: u64 = redis::from_redis_value(v).unwrap();
+        assert_eq!(counter, lease.fence().get(), "the counter stayed behind");
+    }
+    // Behind again, for the release.
+    for s in &servers[..2] {
+        on_node(
+            s,
+            redis::cmd("HSET").arg(&keys.fence).arg("fence").arg(behind),
+        )
+        .await;
+    }
+    c.release(&renewed)
+        .await
+        .expect("release on the three nodes holding the key");
+    let alive = [&servers[0], &servers[1], &servers[2]];
+    assert_eq!(holding(&alive, n.as_str()).await, 0);
+}

@@ -358,14 +358,23 @@ pub(crate) async fn held(
         (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / secs),
         _ => None,
     };
-    let all_held = guards.iter().all(|g| g.is_held());
-    futures::stream::iter(guards)
-        .map(|g| async move { g.release().await.map_err(lock_err("release a held lock")) })
+    let held_to_the_end = guards.iter().all(|g| g.is_held());
+    // A lock the watchdog could not keep is a result (reported as not all
+    // held), not a failure of the run: its release says Lost.
+    let released = futures::stream::iter(guards)
+        .map(|g| async move {
+            match g.release().await {
+                Ok(()) => Ok(true),
+                Err(lock_core::LockError::Lost { .. }) => Ok(false),
+                Err(e) => Err(lock_err("release a held lock")(e)),
+            }
+        })
         .buffer_unordered(64)
         .collect::<Vec<_>>()
         .await
         .into_iter()
-        .collect::<Res<Vec<_>>>()?;
+        .collect::<Res<Vec<bool>>>()?;
+    let all_held = held_to_the_end && released.iter().all(|&r| r);
     Ok(Held {
         locks,
         ttl_s: ttl.as_secs_f64(),
