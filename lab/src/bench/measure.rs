@@ -111,6 +111,21 @@ pub struct Parallel {
     pub raw_per_s: f64,
     /// `polylock_per_s / raw_per_s`.
     pub ratio: f64,
+    /// Where the server's command thread can be measured (Redis: see
+    /// `Target::server_cpu_us`), its CPU time per cycle.
+    pub server: Option<ServerCpu>,
+}
+
+/// The server's command thread during the many-tasks rounds.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServerCpu {
+    /// CPU µs per polylock cycle.
+    pub polylock_us_per_cycle: f64,
+    /// CPU µs per raw cycle.
+    pub raw_us_per_cycle: f64,
+    /// Share of the polylock rounds' time the thread was busy (summed over
+    /// nodes for Redlock, so up to the node count).
+    pub polylock_busy: f64,
 }
 
 pub(crate) async fn parallel(
@@ -122,9 +137,13 @@ pub(crate) async fn parallel(
     let half = d / 4;
     let mut mine = 0.0;
     let mut raw = 0.0;
+    // Per mode (polylock, raw): server CPU µs, cycles, wall seconds.
+    let mut cpu = [(0.0, 0u64, 0.0); 2];
+    let mut measured = true;
     // Two rounds each, alternating.
     for r in 0..4 {
         let polylock = r % 2 == 0;
+        let cpu_before = t.server_cpu_us().await?;
         let done = Arc::new(AtomicU64::new(0));
         let stop = Instant::now() + half;
         let mut handles = Vec::new();
@@ -147,18 +166,36 @@ pub(crate) async fn parallel(
         for h in handles {
             h.await.map_err(|e| e.to_string())??;
         }
-        let rate = done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+        let wall = started.elapsed().as_secs_f64();
+        let cycles = done.load(Ordering::Relaxed);
+        let rate = cycles as f64 / wall;
         if polylock {
             mine += rate / 2.0;
         } else {
             raw += rate / 2.0;
         }
+        match (cpu_before, t.server_cpu_us().await?) {
+            (Some(a), Some(b)) => {
+                let m = &mut cpu[usize::from(!polylock)];
+                m.0 += b - a;
+                m.1 += cycles;
+                m.2 += wall;
+            }
+            _ => measured = false,
+        }
     }
+    let per_cycle = |(us, cycles, _): (f64, u64, f64)| us / cycles.max(1) as f64;
+    let server = measured.then(|| ServerCpu {
+        polylock_us_per_cycle: per_cycle(cpu[0]),
+        raw_us_per_cycle: per_cycle(cpu[1]),
+        polylock_busy: cpu[0].0 / 1e6 / cpu[0].2.max(f64::MIN_POSITIVE),
+    });
     Ok(Parallel {
         tasks,
         polylock_per_s: mine,
         raw_per_s: raw,
         ratio: mine / raw,
+        server,
     })
 }
 

@@ -58,6 +58,23 @@ pub fn verdicts(r: &Report) -> Vec<Verdict> {
     }
     for b in &r.backends {
         let ok = b.parallel.ratio >= 0.9;
+        let why = match (&b.parallel.server, ok) {
+            (_, true) => String::new(),
+            (Some(c), false) => format!(
+                "server CPU per cycle: {:.1} µs for polylock's two scripts (owner, fence and TTL checks, \
+                 holder metadata, release notice) vs {:.1} µs for raw SET NX PX + DEL; the server's \
+                 command thread was busy {:.0}% of the polylock rounds{}",
+                c.polylock_us_per_cycle,
+                c.raw_us_per_cycle,
+                c.polylock_busy * 100.0,
+                if c.polylock_busy >= 0.8 {
+                    ": it, not the client, sets the rate"
+                } else {
+                    ": not saturated, so the rest of the gap is on the client side of each cycle"
+                }
+            ),
+            (None, false) => "not profiled in this run".into(),
+        };
         v.push(verdict(
             &format!(
                 "{}: {} tasks >= 0.9 of raw pipelined",
@@ -65,7 +82,7 @@ pub fn verdicts(r: &Report) -> Vec<Verdict> {
             ),
             format!("{:.2}", b.parallel.ratio),
             Some(ok),
-            if ok { "" } else { "not profiled in this run" },
+            &why,
         ));
     }
     if let Some(c) =

@@ -125,6 +125,27 @@ impl Target {
     pub(crate) async fn server_requests(&self) -> Res<Option<u64>> {
         self.raw.requests(&self._servers).await
     }
+
+    /// CPU time the server's command thread has used so far, in µs:
+    /// Redis's main thread (user + system, `INFO cpu`), summed over
+    /// Redlock's nodes. `None` for the other servers, which run requests
+    /// on many threads.
+    pub(crate) async fn server_cpu_us(&self) -> Res<Option<f64>> {
+        let Raw::Redis(nodes) = &*self.raw else {
+            return Ok(None);
+        };
+        let mut total = 0.0;
+        for n in nodes {
+            let info = redis_info(n, "cpu").await?;
+            for field in ["used_cpu_user_main_thread", "used_cpu_sys_main_thread"] {
+                let secs: f64 = info_field(&info, field)
+                    .and_then(|v| v.parse().ok())
+                    .ok_or_else(|| format!("INFO cpu has no {field}"))?;
+                total += secs * 1e6;
+            }
+        }
+        Ok(Some(total))
+    }
 }
 
 /// Runs a blocking test-kit start off the runtime's threads.
