@@ -53,7 +53,11 @@
 //!   the server the session is alive; the leases of one session due
 //!   together are read in one multi-read request. When the
 //!   connection drops, renewals fail and the guard reports the loss at the
-//!   lease's local deadline unless the session reconnects in time. When the
+//!   lease's local deadline unless the session reconnects in time. The
+//!   driver gives up on a silent connection well before the session
+//!   timeout, so TTLs near the 1 s minimum lose their locks to short
+//!   stalls of a loaded process or network: prefer several seconds. A waiter that gives up deletes its node, retrying while the
+//!   session lives, so it never becomes a holder nobody knows. When the
 //!   session expires (or is closed), every lease of that session is revoked
 //!   at once through [`lock_core::Lease::with_revocation`]; later
 //!   acquisitions open a new session. A session with no lease, no waiter
