@@ -149,17 +149,23 @@ async fn three_nodes_killed_acquire_fails_fast_renew_loses_and_survivors_are_cle
         "the failed attempt was not undone"
     );
 
-    // The watchdog's next renewal cannot reach a majority: lost() fires
-    // before the lease's TTL is out.
+    // The watchdog's renewals cannot reach a majority: they fail (retryably:
+    // the dead nodes might be slow ones still holding the key) until the
+    // lease's deadline, and lost() fires then, before the TTL is out on the
+    // survivors.
     timeout(ttl + Duration::from_secs(1), guard.lost())
         .await
         .expect("lost() did not fire");
     assert!(!guard.is_held());
-    assert_eq!(
-        holding(&survivors, held.as_str()).await,
-        0,
-        "the lost lease was left on the surviving nodes"
-    );
+    // The survivors' keys go by their TTL, counted from the last renewal.
+    let clean_by = Instant::now() + ttl + Duration::from_secs(1);
+    while holding(&survivors, held.as_str()).await > 0 {
+        assert!(
+            Instant::now() < clean_by,
+            "the lost lease outlived its TTL on the surviving nodes"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
     drop(guard);
 }
 
