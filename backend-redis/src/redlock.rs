@@ -47,6 +47,9 @@
 //! - **Renew** runs the `plain` owner- and token-checked extension on every
 //!   node; it succeeds only when a majority extended and the lease's
 //!   remaining validity (its deadline) had not run out when they answered.
+//!   When the nodes that did not answer (in time) could still make that
+//!   majority and the deadline is ahead, it returns a retryable error (the
+//!   watchdog asks again; `lost()` fires at the deadline at the latest).
 //!   Otherwise the lease is lost: renew returns [`LockError::Lost`], after
 //!   releasing the lease on every node it still holds.
 //! - **Release** runs the `plain` owner- and token-checked delete on every
