@@ -88,16 +88,22 @@ mod tests {
 
     #[test]
     fn ports_are_distinct_and_bindable() {
-        // Bind each port as soon as it is handed out: other processes on the
-        // machine (parallel test runs) may take a free port at any moment.
+        // Bind each port as soon as it is handed out. Another process on the
+        // machine may still take one between the probe and our bind (seen
+        // once in CI), so a few misses are allowed; a probe that did not
+        // work would miss on most of them.
         let mut listeners = Vec::new();
         let mut seen = HashSet::new();
-        for _ in 0..50 {
+        let mut taken = Vec::new();
+        while listeners.len() < 50 {
             let port = free_port();
             assert!(seen.insert(port), "free_port handed out {port} twice");
-            let l = TcpListener::bind((Ipv4Addr::LOCALHOST, port))
-                .unwrap_or_else(|e| panic!("port {port} was not free: {e}"));
-            listeners.push(l);
+            match TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
+                Ok(l) => listeners.push(l),
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => taken.push(port),
+                Err(e) => panic!("binding port {port}: {e}"),
+            }
+            assert!(taken.len() <= 3, "ports handed out but not free: {taken:?}");
         }
     }
 }
