@@ -4,7 +4,7 @@
 //! sends, a read), on an etcd server started by the test kit. Measures;
 //! asserts nothing about time.
 //!
-//! `cargo run --release -p backend-etcd --example handoff [ROUNDS]`
+//! `cargo run --release -p backend-etcd --example etcd_handoff [ROUNDS]`
 
 use std::time::Duration;
 

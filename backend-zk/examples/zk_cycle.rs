@@ -5,7 +5,7 @@
 //! kit; and the requests the server counted per polylock cycle. Measures;
 //! asserts nothing about time.
 //!
-//! `cargo run --release -p backend-zk --example cycle [SECONDS]`
+//! `cargo run --release -p backend-zk --example zk_cycle [SECONDS]`
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

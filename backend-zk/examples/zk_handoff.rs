@@ -3,7 +3,7 @@
 //! trip, on a ZooKeeper server started by the test kit. Measures; asserts
 //! nothing about time.
 //!
-//! `cargo run -p backend-zk --example handoff [ROUNDS]`
+//! `cargo run -p backend-zk --example zk_handoff [ROUNDS]`
 
 use std::time::Duration;
 

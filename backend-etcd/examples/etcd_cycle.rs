@@ -5,7 +5,7 @@
 //! (`try_acquire` + `release`), and the guard API over it (`Locker`).
 //! Measures; asserts nothing about time. Also a target for `perf record`.
 //!
-//! `cargo run --release -p backend-etcd --example cycle [ROUNDS]`
+//! `cargo run --release -p backend-etcd --example etcd_cycle [ROUNDS]`
 
 use std::time::Duration;
 

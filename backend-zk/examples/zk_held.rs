@@ -3,7 +3,7 @@
 //! as `polylock bench` counts them (`mntr`'s `zk_packets_received` over one
 //! TTL). Measures; asserts nothing.
 //!
-//! `cargo run --release -p backend-zk --example held [LOCKS...]`
+//! `cargo run --release -p backend-zk --example zk_held [LOCKS...]`
 
 use std::time::Duration;
 
