@@ -255,6 +255,18 @@ impl Link {
         .await
     }
 
+    /// Runs a script by its SHA-1 with `extra` beyond the command timeout.
+    pub(crate) async fn invoke_within<T: redis::FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+        extra: Duration,
+    ) -> Result<T, Fail> {
+        self.run(extra, |mut c| async move {
+            invocation.invoke_async(&mut c).await
+        })
+        .await
+    }
+
     /// Runs one command.
     pub(crate) async fn command<T: redis::FromRedisValue>(
         &self,

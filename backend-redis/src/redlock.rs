@@ -50,6 +50,10 @@
 //!   When the nodes that did not answer (in time) could still make that
 //!   majority and the deadline is ahead, it returns a retryable error (the
 //!   watchdog asks again; `lost()` fires at the deadline at the latest).
+//!   A batch of renewals (`renew_many`) waits for each node up to a tenth
+//!   of its shortest TTL when that is longer than `timeout`: the nodes
+//!   answer the batches of many leases in turn, and a batch's answer is
+//!   judged against the validity counted from its send, which can afford it.
 //!   Otherwise the lease is lost: renew returns [`LockError::Lost`], after
 //!   releasing the lease on every node it still holds.
 //! - **Release** runs the `plain` owner- and token-checked delete on every
@@ -156,6 +160,17 @@ pub(crate) fn guarantees() -> Guarantees {
     g
 }
 
+/// A batch renewal's per-node limit is this share of its shortest TTL
+/// (when that is more than the node timeout). The node timeout is sized
+/// for one request of one lock; the watchdog sends the batches of
+/// thousands of leases at once, and each node answers them in turn, so the
+/// last chunk's answer comes after every chunk before it. Its leases can
+/// afford the wait: a renewal runs at a third of the TTL and its answer is
+/// judged against the validity counted from the send. Cut at the node
+/// timeout, the late chunks failed and their leases fell back to one
+/// renewal each (824 requests/s at 10,000 held locks instead of about 60).
+const BATCH_SHARE_OF_TTL: u32 = 10;
+
 /// One node: its `redis://` configuration and a command connection made on
 /// first use, so a node that is down when the client starts joins later.
 struct Node {
@@ -198,7 +213,12 @@ impl Node {
         inv: &ScriptInvocation<'_>,
         limit: Duration,
     ) -> Result<T, Fail> {
-        match tokio::time::timeout(limit, async { self.link().await?.invoke(inv).await }).await {
+        let extra = limit.saturating_sub(self.config.timeout);
+        match tokio::time::timeout(limit, async {
+            self.link().await?.invoke_within(inv, extra).await
+        })
+        .await
+        {
             Ok(r) => r,
             Err(_) => Err(Fail::Timeout(limit)),
         }
@@ -434,7 +454,15 @@ impl RedlockBackend {
 
     /// Runs `inv` on every node at once, each within the per-node timeout.
     async fn on_all<T: FromRedisValue>(&self, inv: &ScriptInvocation<'_>) -> Vec<Result<T, Fail>> {
-        let limit = self.inner.config.timeout;
+        self.on_all_within(inv, self.inner.config.timeout).await
+    }
+
+    /// [`on_all`](Self::on_all) with a per-node limit of `limit`.
+    async fn on_all_within<T: FromRedisValue>(
+        &self,
+        inv: &ScriptInvocation<'_>,
+        limit: Duration,
+    ) -> Vec<Result<T, Fail>> {
         join_all(self.inner.nodes.iter().map(|n| n.invoke(inv, limit))).await
     }
 
@@ -704,7 +732,9 @@ impl RedlockBackend {
             ttls.push(ttl_ms);
         }
         let sent_at = Instant::now();
-        let replies = self.on_all::<Vec<i64>>(&inv).await;
+        let shortest = batch.iter().map(|(l, _)| l.ttl()).min().unwrap_or_default();
+        let limit = self.inner.config.timeout.max(shortest / BATCH_SHARE_OF_TTL);
+        let replies = self.on_all_within::<Vec<i64>>(&inv, limit).await;
         let judged = batch
             .iter()
             .zip(ttls)

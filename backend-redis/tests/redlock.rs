@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backend_redis::RedlockBackend;
+use futures::StreamExt;
 use lock_core::{AcquireRequest, Lease, LockBackend, LockError, LockName, Locker, OwnerToken};
 use rand::seq::IndexedRandom;
 use testkit::{Mode, Proxy, RedisServer};
@@ -920,4 +921,60 @@ async fn nodes_that_missed_the_token_write_back_still_count_for_renew_and_releas
         .expect("release on the three nodes holding the key");
     let alive = [&servers[0], &servers[1], &servers[2]];
     assert_eq!(holding(&alive, n.as_str()).await, 0);
+}
+
+/// Many batch renewals sent at once (as the watchdog sends them for
+/// thousands of leases taken together) queue behind each other on every
+/// node: a chunk's answer comes after the chunks sent before it. The
+/// per-node timeout is for one request of one lock; a chunk gets a share
+/// of its leases' TTL instead, so a queue of chunks is not taken for
+/// nodes that do not answer (with the node timeout alone, the late chunks
+/// failed and thousands of leases fell back to one renewal each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_renewals_queued_on_the_nodes_are_not_cut_by_the_node_timeout() {
+    let servers = RedisServer::start_independent(3, &[]).expect("start three redis-servers");
+    let taker = client(&servers).await;
+    let leases: Vec<Lease> = futures::stream::iter(0..8192)
+        .map(|i| {
+            let taker = taker.clone();
+            async move {
+                taker
+                    .try_acquire(&req(&name(&format!("queued-{i}")), Duration::from_secs(30)))
+                    .await
+                    .expect("acquire")
+                    .expect("free")
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    // The same nodes through a client whose node timeout is shorter than
+    // the queue of 64 chunks per node takes to drain.
+    let renewer = Arc::new(
+        RedlockBackend::connect(&url(&servers, "?timeout=10ms"))
+            .await
+            .expect("connect"),
+    );
+    let answers = futures::future::join_all(leases.chunks(512).map(|batch| {
+        let renewer = renewer.clone();
+        async move { (batch, renewer.renew_many(batch).await) }
+    }))
+    .await;
+    let mut failed = Vec::new();
+    for (batch, answers) in answers {
+        assert_eq!(answers.len(), batch.len());
+        for (lease, a) in batch.iter().zip(answers) {
+            match a {
+                Ok(renewed) => assert!(renewed.deadline() > lease.deadline()),
+                Err(e) => failed.push(e.to_string()),
+            }
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {} batch renewals failed, the first: {}",
+        failed.len(),
+        leases.len(),
+        failed[0]
+    );
 }
