@@ -285,6 +285,63 @@ impl EtcdBackend {
             .unwrap_or_else(|p| p.into_inner())
     }
 
+    /// One release attempt, as [`release`](LockBackend::release) describes.
+    async fn release_once(&self, lease: &Lease) -> Result<(), LockError> {
+        let lost = || LockError::Lost {
+            name: lease.name().to_string(),
+        };
+        let Some(key) = lease.backend_key() else {
+            return Err(lost());
+        };
+        let rev = i64::try_from(lease.fence().get()).unwrap_or(-1);
+        let session = self.session_of_key(key);
+        // Fast path: this client holds exactly this claim. The key embeds
+        // our session's lease id, and only this client creates it, one
+        // claim per name at a time (the slot, held until the key is gone).
+        // So the key in etcd is this very claim or nothing, and a plain
+        // delete is as safe as a compare-and-delete, and cheaper for etcd.
+        if let Some(s) = session
+            .as_ref()
+            .filter(|s| s.holds(key, lease.owner(), rev))
+        {
+            let deleted = {
+                let mut attempt = ReleaseAttempt::new(self, key, rev);
+                let deleted = queue::delete_own(self.conn(), key).await?;
+                attempt.nothing_deleted = !deleted;
+                deleted
+            };
+            s.forget(key, rev, lease.owner());
+            if deleted {
+                return Ok(());
+            }
+            // Held by us, yet gone: someone else deleted it, or the lease
+            // ended. Unless an earlier release of ours got no answer.
+            return if self.was_released(key, rev) {
+                Ok(())
+            } else {
+                Err(lost())
+            };
+        }
+        let pfx = self.key_prefix(lease.name());
+        let outcome = {
+            let mut attempt = ReleaseAttempt::new(self, key, rev);
+            let outcome = queue::release(self.conn(), &pfx, key, lease.owner(), rev).await?;
+            attempt.nothing_deleted = outcome != Released::Deleted;
+            outcome
+        };
+        // Whatever the outcome, this holding's claim is not in etcd any more
+        // (deleted now, gone before, or replaced): forget it locally.
+        if let Some(session) = session {
+            session.forget(key, rev, lease.owner());
+        }
+        match outcome {
+            Released::Deleted => Ok(()),
+            // Gone because we released it before (anyone may hold it now).
+            _ if self.was_released(key, rev) => Ok(()),
+            Released::AlreadyFree | Released::HeldByOther => Err(lost()),
+        }
+    }
+
     fn was_released(&self, key: &str, rev: i64) -> bool {
         self.released_log().contains(key, rev)
     }
@@ -794,64 +851,27 @@ impl LockBackend for EtcdBackend {
     /// of who was granted the lock after it, so the critical section may
     /// not have been exclusive. Another holder's claim is never touched.
     ///
+    /// A delete that fails with a retryable error (a connection broken
+    /// under it) is sent again every 100 ms while the lease's deadline is
+    /// ahead: a second delete that finds the claim gone after a first one
+    /// whose answer was lost is `Ok` (see below), so asking again cannot
+    /// report a loss that did not happen, and the lock is free at once
+    /// instead of at the TTL.
+    ///
     /// # Cancel safety
     /// Cancel safe: the delete happened or not; an unreleased claim is
     /// deleted by the session when its TTL passes without a renew. A
     /// release dropped (or failed) after sending counts as released for a
     /// second release.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        let lost = || LockError::Lost {
-            name: lease.name().to_string(),
-        };
-        let Some(key) = lease.backend_key() else {
-            return Err(lost());
-        };
-        let rev = i64::try_from(lease.fence().get()).unwrap_or(-1);
-        let session = self.session_of_key(key);
-        // Fast path: this client holds exactly this claim. The key embeds
-        // our session's lease id, and only this client creates it, one
-        // claim per name at a time (the slot, held until the key is gone).
-        // So the key in etcd is this very claim or nothing, and a plain
-        // delete is as safe as a compare-and-delete, and cheaper for etcd.
-        if let Some(s) = session
-            .as_ref()
-            .filter(|s| s.holds(key, lease.owner(), rev))
-        {
-            let deleted = {
-                let mut attempt = ReleaseAttempt::new(self, key, rev);
-                let deleted = queue::delete_own(self.conn(), key).await?;
-                attempt.nothing_deleted = !deleted;
-                deleted
-            };
-            s.forget(key, rev, lease.owner());
-            if deleted {
-                return Ok(());
+        loop {
+            match self.release_once(lease).await {
+                Err(e) if e.is_retryable() && Instant::now() + RETRY_PAUSE < lease.deadline() => {
+                    tracing::debug!(error = %e, name = %lease.name(), "polylock etcd: release failed; trying again");
+                    sleep(RETRY_PAUSE).await;
+                }
+                other => return other,
             }
-            // Held by us, yet gone: someone else deleted it, or the lease
-            // ended. Unless an earlier release of ours got no answer.
-            return if self.was_released(key, rev) {
-                Ok(())
-            } else {
-                Err(lost())
-            };
-        }
-        let pfx = self.key_prefix(lease.name());
-        let outcome = {
-            let mut attempt = ReleaseAttempt::new(self, key, rev);
-            let outcome = queue::release(self.conn(), &pfx, key, lease.owner(), rev).await?;
-            attempt.nothing_deleted = outcome != Released::Deleted;
-            outcome
-        };
-        // Whatever the outcome, this holding's claim is not in etcd any more
-        // (deleted now, gone before, or replaced): forget it locally.
-        if let Some(session) = session {
-            session.forget(key, rev, lease.owner());
-        }
-        match outcome {
-            Released::Deleted => Ok(()),
-            // Gone because we released it before (anyone may hold it now).
-            _ if self.was_released(key, rev) => Ok(()),
-            Released::AlreadyFree | Released::HeldByOther => Err(lost()),
         }
     }
 

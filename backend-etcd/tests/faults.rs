@@ -393,3 +393,38 @@ async fn a_create_whose_answer_was_late_is_not_waited_for() {
     assert_eq!(holder.fence, Some(guard.fence()));
     guard.release().await.unwrap();
 }
+
+/// The connection is reset just as the holder releases, and comes back
+/// 300 ms later: the release asks again while the lease's deadline is
+/// ahead and succeeds (a failed release used to be reported at once, and
+/// the lock stayed taken until its TTL). The lock is free at once after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_cut_by_a_reset_is_sent_again_and_frees_the_lock() {
+    let _serial = SERIAL.lock().await;
+    let server = EtcdServer::start().expect("etcd");
+    let proxy = Arc::new(Proxy::start(server.addr()).expect("proxy"));
+    let (_c, c) = client_via(&proxy).await;
+    let (_d, direct) = client(&url_of(&[server.endpoint()])).await;
+    let lock = name("release-reset");
+    let guard = hold(&c, &lock, Duration::from_secs(20)).await;
+
+    proxy.set_mode(Mode::Reset);
+    let healer = {
+        let proxy = proxy.clone();
+        tokio::spawn(async move {
+            sleep(Duration::from_millis(300)).await;
+            proxy.set_mode(Mode::Pass);
+        })
+    };
+    let released = returns_within(Duration::from_secs(10), "release", guard.release()).await;
+    healer.await.unwrap();
+    released.expect("the release is sent again once the connection is back");
+    let next = direct
+        .lock(&lock)
+        .ttl(Duration::from_secs(5))
+        .try_acquire()
+        .await
+        .expect("acquire after the release")
+        .expect("free at once after the release, not at the TTL");
+    next.release().await.unwrap();
+}
