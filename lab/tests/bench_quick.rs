@@ -53,6 +53,11 @@ fn quick_run_writes_the_report_with_sane_numbers() {
         }
         assert!(num(b, &["cycle", "ratio"]) > 0.0, "{want} cycle ratio");
         assert!(num(b, &["parallel", "ratio"]) > 0.0, "{want} 64-task ratio");
+        // Two clients, one queued: every round is a hand-off.
+        let rounds = num(b, &["handoff", "rounds"]);
+        assert!(rounds >= 20.0, "{want}: hand-off rounds");
+        assert_eq!(num(b, &["handoff", "handoff", "count"]), rounds, "{want}");
+        assert!(num(b, &["handoff", "handoff", "p50_us"]) > 0.0, "{want}");
         let contention = b["contention"].as_array().unwrap();
         assert_eq!(contention.len(), 2, "hold 0 and 1 ms");
         for c in contention {
@@ -116,6 +121,7 @@ fn quick_run_writes_the_report_with_sane_numbers() {
         "etcd 3.",
         "SQLite ",
         "## Targets",
+        "## Hand-off between two clients",
         "perf/latency.svg",
         "perf/wait.svg",
     ] {

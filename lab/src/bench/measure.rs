@@ -199,6 +199,91 @@ pub(crate) async fn parallel(
     })
 }
 
+/// The hand-off between two clients: one holds, the other waits queued,
+/// the holder releases. Two clients and no other load, so that what it
+/// measures is the lock's hand-off path (release, wake-up, grant), not the
+/// scheduling of eight contending workers on a small machine (the
+/// contention rounds report that one too).
+#[derive(Clone, Debug, Serialize)]
+pub struct Handoff {
+    /// Rounds measured.
+    pub rounds: usize,
+    /// From the start of the holder's release to the waiter's acquire
+    /// returning.
+    pub handoff: Summary,
+    /// Rounds skipped because a request failed with a retryable error.
+    pub transient_errors: u64,
+}
+
+/// How long the waiter is given to be queued before the holder releases:
+/// a few round trips on every backend, even on a loaded machine.
+pub(crate) const QUEUED: Duration = Duration::from_millis(20);
+
+pub(crate) async fn handoff(t: &Target, d: Duration) -> Res<Handoff> {
+    let holder = polylock::connect(&t.url)
+        .await
+        .map_err(lock_err("connect"))?;
+    let waiter = polylock::connect(&t.url)
+        .await
+        .map_err(lock_err("connect"))?;
+    let name = "bench/handoff";
+    for _ in 0..5 {
+        one_cycle(&holder, name).await?;
+        one_cycle(&waiter, name).await?;
+    }
+    // A round lasts QUEUED and a little more.
+    let rounds = ((d.as_millis() / (QUEUED.as_millis() + 5)) as usize).clamp(20, 200);
+    let (mut samples, mut transient) = (Vec::with_capacity(rounds), 0);
+    while samples.len() < rounds {
+        let g = match holder.lock(name).ttl(TTL).try_acquire().await {
+            Ok(Some(g)) => g,
+            Ok(None) => return Err(format!("`{name}` is held by someone else")),
+            Err(e) if e.is_retryable() => {
+                transient += 1;
+                continue;
+            }
+            Err(e) => return Err(lock_err("acquire")(e)),
+        };
+        let w = waiter.clone();
+        let queued = tokio::spawn(async move {
+            let got = w
+                .lock(name)
+                .ttl(TTL)
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await;
+            (Instant::now(), got)
+        });
+        sleep(QUEUED).await;
+        let released = Instant::now();
+        let gave_back = g.release().await;
+        let (at, got) = queued.await.map_err(|e| e.to_string())?;
+        let next = match got {
+            Ok(next) => next,
+            Err(e) if e.is_retryable() => {
+                transient += 1;
+                continue;
+            }
+            Err(e) => return Err(lock_err("acquire as the waiter")(e)),
+        };
+        match gave_back {
+            Ok(()) => samples.push(at - released),
+            Err(e) if e.is_retryable() => transient += 1,
+            Err(e) => return Err(lock_err("release")(e)),
+        }
+        match next.release().await {
+            Ok(()) => {}
+            Err(e) if e.is_retryable() => transient += 1,
+            Err(e) => return Err(lock_err("release as the waiter")(e)),
+        }
+    }
+    Ok(Handoff {
+        rounds,
+        handoff: Summary::of(&samples),
+        transient_errors: transient,
+    })
+}
+
 /// Workers contending for one name.
 #[derive(Clone, Debug, Serialize)]
 pub struct Contention {

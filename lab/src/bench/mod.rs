@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use measure::{Contention, Cycle, Held, Parallel};
+pub use measure::{Contention, Cycle, Handoff, Held, Parallel};
 pub use stats::{Summary, CDF_POINTS};
 pub use target::ALL as BACKENDS;
 
@@ -111,6 +111,8 @@ pub struct BackendReport {
     pub cycle: Cycle,
     /// Tasks on distinct names through one client.
     pub parallel: Parallel,
+    /// The hand-off between two clients.
+    pub handoff: Handoff,
     /// Contention, hold 0 ms then 1 ms.
     pub contention: Vec<Contention>,
     /// Held locks, few then many.
@@ -156,6 +158,8 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
         let cycle = measure::cycle(&t, &locker, opts.duration).await?;
         step(&format!("{} tasks on distinct names vs raw", opts.tasks));
         let parallel = measure::parallel(&t, &locker, opts.tasks, opts.duration).await?;
+        step("hand-off between two clients");
+        let handoff = measure::handoff(&t, opts.duration).await?;
         let mut contention = Vec::new();
         for hold in [0, 1] {
             step(&format!(
@@ -179,6 +183,7 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
             server,
             cycle,
             parallel,
+            handoff,
             contention,
             held,
             batch_renew,
