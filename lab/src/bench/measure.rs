@@ -211,6 +211,11 @@ pub struct Handoff {
     /// From the start of the holder's release to the waiter's acquire
     /// returning.
     pub handoff: Summary,
+    /// A raw round trip (as in [`Cycle::round_trip`]) sent after the same
+    /// idle time as the release: processes and threads that slept wake up
+    /// on every hop of a hand-off, which the back-to-back round trip of a
+    /// busy loop does not pay.
+    pub idle_round_trip: Summary,
     /// Rounds skipped because a request failed with a retryable error.
     pub transient_errors: u64,
 }
@@ -234,7 +239,12 @@ pub(crate) async fn handoff(t: &Target, d: Duration) -> Res<Handoff> {
     // A round lasts QUEUED and a little more.
     let rounds = ((d.as_millis() / (QUEUED.as_millis() + 5)) as usize).clamp(20, 200);
     let (mut samples, mut transient) = (Vec::with_capacity(rounds), 0);
+    let mut idle = Vec::with_capacity(rounds);
     while samples.len() < rounds {
+        sleep(QUEUED).await;
+        let at = Instant::now();
+        t.raw.ping().await?;
+        idle.push(at.elapsed());
         let g = match holder.lock(name).ttl(TTL).try_acquire().await {
             Ok(Some(g)) => g,
             Ok(None) => return Err(format!("`{name}` is held by someone else")),
@@ -280,6 +290,7 @@ pub(crate) async fn handoff(t: &Target, d: Duration) -> Res<Handoff> {
     Ok(Handoff {
         rounds,
         handoff: Summary::of(&samples),
+        idle_round_trip: Summary::of(&idle),
         transient_errors: transient,
     })
 }

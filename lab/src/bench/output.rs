@@ -156,10 +156,16 @@ pub fn verdicts(r: &Report) -> Vec<Verdict> {
                 ms(rtt)
             ),
             Some(trips < 3.0),
-            if trips < 3.0 {
-                ""
+            &if trips < 3.0 {
+                String::new()
             } else {
-                "a hand-off is at least release + wake-up + acquire, each a round trip or more; not profiled in this run"
+                format!(
+                    "a hand-off is release + wake-up + acquire, and every hop starts in a process \
+                     that was idle: a raw round trip sent after the same idle time took {} here, \
+                     so the hand-off is {:.1} of those (not profiled further in this run)",
+                    ms(b.handoff.idle_round_trip.p50_us),
+                    b.handoff.handoff.p50_us / b.handoff.idle_round_trip.p50_us
+                )
             },
         ));
     }
@@ -448,25 +454,29 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(
         s,
         "One client holds, a second waits queued for {} ms, the holder releases: from the start \
-         of the release to the waiter's acquire returning, in round trips of the same run.\n",
+         of the release to the waiter's acquire returning, in round trips of the same run: the \
+         back-to-back round trip of the uncontended cycle, and a raw round trip sent after the \
+         same idle time.\n",
         super::measure::QUEUED.as_millis()
     );
     let _ = writeln!(
         s,
-        "| backend | rounds | p50 | p99 | round trip p50 | p50 in round trips | transient errors |"
+        "| backend | rounds | p50 | p99 | round trip p50 | p50 in round trips | idle round trip p50 | p50 in idle round trips | transient errors |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
     for b in &r.backends {
         let h = &b.handoff;
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {:.1} | {} |",
+            "| {} | {} | {} | {} | {} | {:.1} | {} | {:.1} | {} |",
             b.backend,
             h.rounds,
             ms(h.handoff.p50_us),
             ms(h.handoff.p99_us),
             ms(b.cycle.round_trip.p50_us),
             h.handoff.p50_us / b.cycle.round_trip.p50_us,
+            ms(h.idle_round_trip.p50_us),
+            h.handoff.p50_us / h.idle_round_trip.p50_us,
             h.transient_errors
         );
     }
