@@ -32,6 +32,11 @@ const RECHECK: Duration = Duration::from_secs(5);
 /// A pause before retrying a failed read while waiting in the queue.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
+/// How long a release keeps asking after a retryable failure: long enough
+/// for a connection that broke under it to be made again, short enough
+/// that a release with etcd down does not hang until the lease's deadline.
+const RELEASE_RETRY: Duration = Duration::from_secs(1);
+
 /// A polylock client of an etcd cluster.
 ///
 /// One value is one client: one gRPC channel balanced over the endpoints,
@@ -852,8 +857,8 @@ impl LockBackend for EtcdBackend {
     /// not have been exclusive. Another holder's claim is never touched.
     ///
     /// A delete that fails with a retryable error (a connection broken
-    /// under it) is sent again every 100 ms while the lease's deadline is
-    /// ahead: a second delete that finds the claim gone after a first one
+    /// under it) is sent again every 100 ms for up to a second, while the
+    /// lease's deadline is ahead: a second delete that finds the claim gone after a first one
     /// whose answer was lost is `Ok` (see below), so asking again cannot
     /// report a loss that did not happen, and the lock is free at once
     /// instead of at the TTL.
@@ -864,9 +869,10 @@ impl LockBackend for EtcdBackend {
     /// release dropped (or failed) after sending counts as released for a
     /// second release.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        let until = lease.deadline().min(Instant::now() + RELEASE_RETRY);
         loop {
             match self.release_once(lease).await {
-                Err(e) if e.is_retryable() && Instant::now() + RETRY_PAUSE < lease.deadline() => {
+                Err(e) if e.is_retryable() && Instant::now() + RETRY_PAUSE < until => {
                     tracing::debug!(error = %e, name = %lease.name(), "polylock etcd: release failed; trying again");
                     sleep(RETRY_PAUSE).await;
                 }
