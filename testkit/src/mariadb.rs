@@ -86,6 +86,15 @@ impl MariaDbServer {
             .cwd(dir.path())
             .run_checked("initializing the MariaDB data directory", SETUP_TIMEOUT)?;
 
+        // mariadbd keeps on-disk internal temporary tables (the Aria files
+        // behind an information_schema query, say) in its tmpdir, /tmp by
+        // default, shared with every other process: CI once saw such a file
+        // vanish under a running query ("Error on delete of
+        // '/tmp/#sql-temptable-…'", ENOENT). Each server gets its own.
+        let tmp_dir = dir.path().join("tmp");
+        std::fs::create_dir(&tmp_dir)
+            .map_err(|e| Error::io("creating MariaDB's temporary directory", e))?;
+
         let port = try_free_port()?;
         // innodb_flush_log_at_trx_commit=2 writes the log at each commit
         // without fsync: a SIGKILL loses nothing, only a machine crash would.
@@ -99,6 +108,7 @@ impl MariaDbServer {
                 "--skip-log-bin",
             ])
             .arg(format!("--socket={}", socket.display()))
+            .arg(format!("--tmpdir={}", tmp_dir.display()))
             .arg(format!(
                 "--pid-file={}",
                 dir.path().join("mariadbd.pid").display()

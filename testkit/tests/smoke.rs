@@ -662,6 +662,19 @@ fn mariadb_lifecycle() {
         stdout_of(&mariadb(&db, db.password(), "SELECT 1", OK_TIMEOUT).expect("mariadb")),
         "1"
     );
+    // Internal temporary tables go to a directory of this server's own,
+    // not the /tmp every other process shares.
+    let tmpdir =
+        stdout_of(&mariadb(&db, db.password(), "SELECT @@tmpdir", OK_TIMEOUT).expect("mariadb"));
+    let socket_dir = db
+        .socket()
+        .parent()
+        .expect("the socket lives in the server's directory");
+    assert!(
+        std::path::Path::new(&tmpdir).starts_with(socket_dir),
+        "tmpdir {tmpdir} is not under the server's directory {}",
+        socket_dir.display()
+    );
     let wrong = mariadb(&db, "wrong-password", "SELECT 1", OK_TIMEOUT).expect("mariadb");
     assert!(!wrong.status.success(), "a wrong password was accepted");
     stdout_of(
