@@ -25,13 +25,22 @@ import tempfile
 
 MAX_RETRIED = 8
 
+# Off in the self-test, whose deliberate failures would read like real ones
+# in a CI log; its verdict lines say what happened.
+ECHO = True
+
 RERUN = re.compile(r"error: test failed, to rerun pass `([^`]*)`")
 RESULT = re.compile(r"test result: (ok|FAILED)\. (\d+) passed; (\d+) failed")
 
 
+def say(text):
+    if ECHO:
+        print(text, flush=True)
+
+
 def run(args, cwd=None):
     """Runs cargo, streaming its output; returns (exit code, lines)."""
-    print("+ cargo " + " ".join(args), flush=True)
+    say("+ cargo " + " ".join(args))
     proc = subprocess.Popen(
         ["cargo", *args],
         cwd=cwd,
@@ -42,8 +51,9 @@ def run(args, cwd=None):
     )
     lines = []
     for line in proc.stdout:
-        sys.stdout.write(line)
-        sys.stdout.flush()
+        if ECHO:
+            sys.stdout.write(line)
+            sys.stdout.flush()
         lines.append(line.rstrip("\n"))
     return proc.wait(), lines
 
@@ -94,23 +104,21 @@ def main(args, cwd=None):
     code, lines = run(first, cwd)
     passed, failed = totals(lines)
     if code == 0:
-        print(f"summary: {passed} passed, {failed} failed", flush=True)
+        say(f"summary: {passed} passed, {failed} failed")
         return 0
 
     targets = failed_targets(lines)
     count = sum(len(names) for _, names in targets)
     if not targets or any(not names for _, names in targets):
-        print(
+        say(
             "run-tests: cargo failed outside a test's assertions (a build error or a "
-            "test binary that did not run to its end); not retried",
-            flush=True,
+            "test binary that did not run to its end); not retried"
         )
         return code
     if count > MAX_RETRIED:
-        print(
+        say(
             f"run-tests: {count} tests failed, more than the {MAX_RETRIED} a loaded "
-            "machine explains; not retried",
-            flush=True,
+            "machine explains; not retried"
         )
         return code
 
@@ -121,11 +129,11 @@ def main(args, cwd=None):
             (flaky if again == 0 else broken).append(f"{' '.join(target)} :: {name}")
 
     for name in flaky:
-        print(f"FLAKY (failed, then passed alone): {name}", flush=True)
+        say(f"FLAKY (failed, then passed alone): {name}")
     for name in broken:
-        print(f"FAILED TWICE: {name}", flush=True)
+        say(f"FAILED TWICE: {name}")
     # `passed` already counts every test that passed the first time.
-    print(f"summary: {passed + len(flaky)} passed, {len(broken)} failed", flush=True)
+    say(f"summary: {passed + len(flaky)} passed, {len(broken)} failed")
     return 1 if broken else 0
 
 
@@ -150,6 +158,8 @@ fn always() {
 
 
 def self_test():
+    global ECHO
+    ECHO = False
     with tempfile.TemporaryDirectory(prefix="run-tests-self-test-") as d:
         os.makedirs(os.path.join(d, "tests"))
         with open(os.path.join(d, "Cargo.toml"), "w") as f:
