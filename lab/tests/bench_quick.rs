@@ -52,6 +52,27 @@ fn quick_run_writes_the_report_with_sane_numbers() {
             assert!(num(b, &["cycle", side, "p99_us"]) >= num(b, &["cycle", side, "p50_us"]));
         }
         assert!(num(b, &["cycle", "ratio"]) > 0.0, "{want} cycle ratio");
+        // The gap's parts: the backend called directly, the lock layer over
+        // the in-memory backend (no I/O: far below any round trip), and the
+        // server's CPU where the server reports it (Redis only).
+        assert!(
+            num(b, &["cycle", "backend_per_s"]) > 0.0,
+            "{want} direct cycles"
+        );
+        let layer = num(b, &["cycle", "layer_us"]);
+        assert!(
+            layer > 0.0 && layer < num(b, &["cycle", "round_trip", "p50_us"]),
+            "{want}: lock layer {layer} µs a cycle"
+        );
+        let server = &b["cycle"]["server"];
+        if want == "redis" {
+            assert!(
+                num(server, &["polylock_us_per_cycle"]) > num(server, &["raw_us_per_cycle"]),
+                "{want}: scripts cost more server CPU than SET + DEL: {server}"
+            );
+        } else {
+            assert!(server.is_null(), "{want}: no server CPU counter: {server}");
+        }
         assert!(num(b, &["parallel", "ratio"]) > 0.0, "{want} 64-task ratio");
         // Two clients, one queued: every round is a hand-off.
         let rounds = num(b, &["handoff", "rounds"]);

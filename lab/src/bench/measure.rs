@@ -20,7 +20,8 @@ fn lock_err(what: &str) -> impl Fn(lock_core::LockError) -> String + '_ {
 
 const TTL: Duration = Duration::from_secs(30);
 
-/// Uncontended acquire + release, polylock next to the raw driver.
+/// Uncontended acquire + release, polylock next to the raw driver, and
+/// the gap between them taken apart in the same run.
 #[derive(Clone, Debug, Serialize)]
 pub struct Cycle {
     /// polylock's cycle latency.
@@ -35,37 +36,74 @@ pub struct Cycle {
     pub ratio: f64,
     /// One minimal request (PING, SELECT 1, a get): the round trip.
     pub round_trip: Summary,
+    /// The backend's own `try_acquire` + `release` (the `LockBackend` trait
+    /// called directly: no `Locker`, guard or watchdog), cycles per second.
+    /// `backend - raw` is what the backend's requests cost over the raw
+    /// ones; `polylock - backend`, what the lock layer adds around them.
+    pub backend_per_s: f64,
+    /// The lock layer alone: a `Locker` cycle over the in-memory backend in
+    /// this process, µs per cycle (no I/O at all).
+    pub layer_us: f64,
+    /// Where the server's command thread can be measured (Redis), its CPU
+    /// per cycle, polylock's and raw.
+    pub server: Option<ServerCpu>,
 }
 
-/// Interleaves short rounds of both sides, so that load changes on the
-/// shared machine hit both alike.
+/// The three sides of [`cycle`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Polylock,
+    Raw,
+    Backend,
+}
+
+/// Interleaves short rounds of the three sides, so that load changes on
+/// the shared machine hit all alike.
 pub(crate) async fn cycle(t: &Target, locker: &Locker, d: Duration) -> Res<Cycle> {
-    let rounds = 10;
-    let per = d / (2 * rounds);
+    use Side::*;
+    let rounds: usize = 9;
+    let per = d / (2 * rounds as u32);
     let (mut mine, mut raw) = (Vec::new(), Vec::new());
-    let (mut mine_t, mut raw_t) = (Duration::ZERO, Duration::ZERO);
+    // Per side (polylock, raw, backend): wall time, cycles, server CPU µs.
+    let mut spent = [(Duration::ZERO, 0u64, 0.0f64); 3];
+    let mut server_measured = true;
     // Warm-up: connections, sessions, prepared statements.
     for _ in 0..20 {
         one_cycle(locker, "bench/cycle").await?;
         t.raw.cycle("bench/cycle").await?;
+        backend_cycle(locker, "bench/cycle").await?;
     }
+    let orders = [
+        [Polylock, Raw, Backend],
+        [Raw, Backend, Polylock],
+        [Backend, Polylock, Raw],
+    ];
     for r in 0..rounds {
-        for side in [r % 2, 1 - r % 2] {
+        for side in orders[r % 3] {
+            let cpu_before = t.server_cpu_us().await?;
             let started = Instant::now();
+            let mut n = 0u64;
             while started.elapsed() < per {
                 let at = Instant::now();
-                if side == 0 {
-                    one_cycle(locker, "bench/cycle").await?;
-                    mine.push(at.elapsed());
-                } else {
-                    t.raw.cycle("bench/cycle").await?;
-                    raw.push(at.elapsed());
+                match side {
+                    Polylock => {
+                        one_cycle(locker, "bench/cycle").await?;
+                        mine.push(at.elapsed());
+                    }
+                    Raw => {
+                        t.raw.cycle("bench/cycle").await?;
+                        raw.push(at.elapsed());
+                    }
+                    Backend => backend_cycle(locker, "bench/cycle").await?,
                 }
+                n += 1;
             }
-            if side == 0 {
-                mine_t += started.elapsed();
-            } else {
-                raw_t += started.elapsed();
+            let i = side as usize;
+            spent[i].0 += started.elapsed();
+            spent[i].1 += n;
+            match (cpu_before, t.server_cpu_us().await?) {
+                (Some(a), Some(b)) => spent[i].2 += b - a,
+                _ => server_measured = false,
             }
         }
     }
@@ -76,15 +114,24 @@ pub(crate) async fn cycle(t: &Target, locker: &Locker, d: Duration) -> Res<Cycle
         t.raw.ping().await?;
         rt.push(at.elapsed());
     }
-    let polylock_per_s = mine.len() as f64 / mine_t.as_secs_f64();
-    let raw_per_s = raw.len() as f64 / raw_t.as_secs_f64();
+    let layer_us = lock_layer_us(per.max(Duration::from_millis(200))).await?;
+    let rate = |(wall, n, _): (Duration, u64, f64)| n as f64 / wall.as_secs_f64();
+    let cpu = |(_, n, us): (Duration, u64, f64)| us / n.max(1) as f64;
+    let [p, r, b] = spent;
     Ok(Cycle {
         polylock: Summary::of(&mine),
         raw: Summary::of(&raw),
-        polylock_per_s,
-        raw_per_s,
-        ratio: polylock_per_s / raw_per_s,
+        polylock_per_s: rate(p),
+        raw_per_s: rate(r),
+        ratio: rate(p) / rate(r),
         round_trip: Summary::of(&rt),
+        backend_per_s: rate(b),
+        layer_us,
+        server: server_measured.then(|| ServerCpu {
+            polylock_us_per_cycle: cpu(p),
+            raw_us_per_cycle: cpu(r),
+            polylock_busy: p.2 / 1e6 / p.0.as_secs_f64().max(f64::MIN_POSITIVE),
+        }),
     })
 }
 
@@ -97,6 +144,39 @@ async fn one_cycle(locker: &Locker, name: &str) -> Res<()> {
         .map_err(lock_err("acquire"))?
         .ok_or_else(|| format!("`{name}` is held by someone else"))?;
     g.release().await.map_err(lock_err("release"))
+}
+
+/// The request [`one_cycle`] makes, straight through the backend trait.
+async fn backend_cycle(locker: &Locker, name: &str) -> Res<()> {
+    let req = lock_core::AcquireRequest::new(
+        lock_core::LockName::new(name).map_err(lock_err("name"))?,
+        lock_core::OwnerToken::random(),
+        TTL,
+        Duration::ZERO,
+    )
+    .map_err(lock_err("request"))?;
+    let backend = locker.backend();
+    let lease = backend
+        .try_acquire(&req)
+        .await
+        .map_err(lock_err("acquire"))?
+        .ok_or_else(|| format!("`{name}` is held by someone else"))?;
+    backend.release(&lease).await.map_err(lock_err("release"))
+}
+
+/// µs per `Locker` cycle over the in-memory backend, for `d`.
+async fn lock_layer_us(d: Duration) -> Res<f64> {
+    let locker = Locker::new(lock_core::MemoryBackend::new());
+    for _ in 0..100 {
+        one_cycle(&locker, "bench/layer").await?;
+    }
+    let started = Instant::now();
+    let mut n = 0u64;
+    while started.elapsed() < d {
+        one_cycle(&locker, "bench/layer").await?;
+        n += 1;
+    }
+    Ok(started.elapsed().as_secs_f64() * 1e6 / n.max(1) as f64)
 }
 
 /// Many tasks on distinct names through one client.

@@ -3,7 +3,8 @@
 //! little).
 //!
 //! For every backend: a server started by the test kit, then the
-//! uncontended cycle next to the raw driver, many tasks on distinct names
+//! uncontended cycle next to the raw driver (and next to the backend called
+//! without the lock layer, and the lock layer alone), many tasks on distinct names
 //! through one client next to the raw driver, contention on one name (hold
 //! 0 and 1 ms), and many locks held at once (renewal requests counted by
 //! the server, client memory counted by the binary's allocator). [`run`]
