@@ -64,6 +64,11 @@ fn quick_run_writes_the_report_with_sane_numbers() {
             layer > 0.0 && layer < num(b, &["cycle", "round_trip", "p50_us"]),
             "{want}: lock layer {layer} µs a cycle"
         );
+        for side in ["polylock", "raw", "backend"] {
+            let rounds = b["cycle"]["round_means_us"][side].as_array().unwrap();
+            assert_eq!(rounds.len(), 9, "{want} {side}: one mean per round");
+            assert!(rounds.iter().all(|m| m.as_f64().unwrap() > 0.0));
+        }
         let server = &b["cycle"]["server"];
         if want == "redis" {
             assert!(

@@ -47,6 +47,35 @@ pub struct Cycle {
     /// Where the server's command thread can be measured (Redis), its CPU
     /// per cycle, polylock's and raw.
     pub server: Option<ServerCpu>,
+    /// The mean cycle of each round, per side, in µs: how much the machine
+    /// moved the figures between interleaved rounds.
+    pub round_means_us: RoundMeans,
+}
+
+/// Mean µs per cycle of each round of [`cycle`], per side.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RoundMeans {
+    /// Through the `Locker`.
+    pub polylock: Vec<f64>,
+    /// The raw driver.
+    pub raw: Vec<f64>,
+    /// The backend trait called directly.
+    pub backend: Vec<f64>,
+}
+
+impl RoundMeans {
+    /// The standard error of `mean(a) - mean(b)` over the rounds, in µs.
+    pub fn std_error_of_difference(a: &[f64], b: &[f64]) -> f64 {
+        fn var_of_mean(v: &[f64]) -> f64 {
+            if v.len() < 2 {
+                return 0.0;
+            }
+            let n = v.len() as f64;
+            let m = v.iter().sum::<f64>() / n;
+            v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0) / n
+        }
+        (var_of_mean(a) + var_of_mean(b)).sqrt()
+    }
 }
 
 /// The three sides of [`cycle`].
@@ -67,6 +96,7 @@ pub(crate) async fn cycle(t: &Target, locker: &Locker, d: Duration) -> Res<Cycle
     // Per side (polylock, raw, backend): wall time, cycles, server CPU µs.
     let mut spent = [(Duration::ZERO, 0u64, 0.0f64); 3];
     let mut server_measured = true;
+    let mut means = [Vec::new(), Vec::new(), Vec::new()];
     // Warm-up: connections, sessions, prepared statements.
     for _ in 0..20 {
         one_cycle(locker, "bench/cycle").await?;
@@ -99,6 +129,7 @@ pub(crate) async fn cycle(t: &Target, locker: &Locker, d: Duration) -> Res<Cycle
                 n += 1;
             }
             let i = side as usize;
+            means[i].push(started.elapsed().as_secs_f64() * 1e6 / n.max(1) as f64);
             spent[i].0 += started.elapsed();
             spent[i].1 += n;
             match (cpu_before, t.server_cpu_us().await?) {
@@ -118,6 +149,7 @@ pub(crate) async fn cycle(t: &Target, locker: &Locker, d: Duration) -> Res<Cycle
     let rate = |(wall, n, _): (Duration, u64, f64)| n as f64 / wall.as_secs_f64();
     let cpu = |(_, n, us): (Duration, u64, f64)| us / n.max(1) as f64;
     let [p, r, b] = spent;
+    let [polylock_means, raw_means, backend_means] = means;
     Ok(Cycle {
         polylock: Summary::of(&mine),
         raw: Summary::of(&raw),
@@ -132,6 +164,11 @@ pub(crate) async fn cycle(t: &Target, locker: &Locker, d: Duration) -> Res<Cycle
             raw_us_per_cycle: cpu(r),
             polylock_busy: p.2 / 1e6 / p.0.as_secs_f64().max(f64::MIN_POSITIVE),
         }),
+        round_means_us: RoundMeans {
+            polylock: polylock_means,
+            raw: raw_means,
+            backend: backend_means,
+        },
     })
 }
 
@@ -595,4 +632,24 @@ pub(crate) async fn held(
         client_bytes_per_lock: bytes,
         all_held,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RoundMeans;
+
+    #[test]
+    fn the_standard_error_of_a_difference_adds_both_sides_variances() {
+        // Each side: sample variance 2.5 over 5 rounds, so 0.5 for its mean.
+        let a = [1.0, 2.0, 3.0, 4.0, 5.0];
+        let b = [11.0, 12.0, 13.0, 14.0, 15.0];
+        let se = RoundMeans::std_error_of_difference(&a, &b);
+        assert!((se - 1.0).abs() < 1e-12, "{se}");
+        // Rounds that all agree leave no noise; a single round says nothing.
+        assert_eq!(
+            RoundMeans::std_error_of_difference(&[3.0; 4], &[7.0; 4]),
+            0.0
+        );
+        assert_eq!(RoundMeans::std_error_of_difference(&[3.0], &[7.0]), 0.0);
+    }
 }

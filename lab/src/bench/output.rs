@@ -52,16 +52,24 @@ fn cycle_gap(c: &super::Cycle) -> String {
             s.raw_us_per_cycle
         )
     });
+    let m = &c.round_means_us;
+    let se = super::measure::RoundMeans::std_error_of_difference;
     format!(
-        "a cycle took {:.0} µs more than raw ({:.0} vs {:.0} µs): the backend's own requests, called \
-         without the lock layer, {:+.0} µs{server}; the lock layer (Locker, guard, watchdog) {:+.0} µs \
-         (alone, over the in-memory backend: {:.1} µs a cycle)",
+        "a cycle took {:.0} ± {:.0} µs more than raw ({:.0} vs {:.0} µs): the backend's own requests, \
+         called without the lock layer, {:+.0} ± {:.0} µs{server}; the lock layer (Locker, guard, \
+         watchdog) {:+.0} ± {:.0} µs (alone, over the in-memory backend: {:.1} µs a cycle; ± is one \
+         standard error over the {} interleaved rounds: a part within about two of them is the \
+         machine's noise, not a cost)",
         ours - raw,
+        se(&m.polylock, &m.raw),
         ours,
         raw,
         direct - raw,
+        se(&m.backend, &m.raw),
         ours - direct,
-        c.layer_us
+        se(&m.polylock, &m.backend),
+        c.layer_us,
+        m.polylock.len()
     )
 }
 
@@ -594,8 +602,10 @@ pub fn markdown(r: &Report) -> String {
          ephemeral sequential create + the children list + a delete (a node cannot know it is \
          the lowest without the list, and a multi cannot mix reads and writes). The round trip is one minimal request (`PING`, \
          `SELECT 1`, a get, an exists).\n\
-         - Cycle: polylock's guard API (`try_acquire` + `release`) and the raw cycle alternate in \
-         ten short rounds so load changes hit both alike.\n\
+         - Cycle: polylock's guard API (`try_acquire` + `release`), the raw cycle and the same \
+         requests through the backend trait called directly take turns in nine short rounds (each \
+         side first in a third of them) so load changes hit all alike; the rounds' spread gives \
+         the standard errors of the targets table.\n\
          - Many tasks: that many tasks, each on its own name, share one client (one `Locker`, one \
          raw connection or pool).\n\
          - Contention: each worker has its own client and loops acquire (wait) → hold → release. \
