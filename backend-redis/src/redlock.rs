@@ -65,10 +65,12 @@
 //! # Fencing tokens, and the assumption they rest on
 //! Every node keeps its own counter (the `plain` format's). An acquire
 //! takes T, the maximum of the counters the granting majority returned
-//! (each incremented by the grant), writes T back to those nodes
-//! (`counter = max(counter, T)`, only where the key still holds our token),
-//! and hands the lease out only when a majority holds the lock with
-//! counter T. A later acquire needs a majority of its own, and any two
+//! (each incremented by the grant), writes T back to the granting nodes
+//! that returned less (`counter = max(counter, T)`, only where the key
+//! still holds our token), and hands the lease out only when a majority
+//! holds the lock with counter T. A node that returned T needs no
+//! write-back, so when counters are in step (every node returned T, as
+//! after any earlier write-back) the acquire is one round trip. A later acquire needs a majority of its own, and any two
 //! majorities of the same N nodes share at least one node: that node's
 //! counter is at least T, its grant increments it, and the later token (a
 //! maximum that includes it) is larger than T. The counter is never reset
@@ -574,8 +576,18 @@ impl RedlockBackend {
             let fence = granted.iter().map(|&(_, f)| f).max().unwrap_or_default();
             let token = u64::try_from(fence).ok().and_then(FencingToken::new);
             if let Some(token) = token {
-                // Write the token back to the granting nodes before the
-                // lease exists: the argument in the module docs.
+                // Write the token back to the granting nodes behind it
+                // before the lease exists: the argument in the module docs.
+                // A node whose grant returned T already holds the lock with
+                // counter T; when those alone are a majority (counters in
+                // step, the usual case) no write-back is needed at all.
+                let (at_token, behind): (Vec<_>, Vec<_>) =
+                    granted.iter().partition(|&&(_, f)| f == fence);
+                let behind = if at_token.len() >= self.quorum() {
+                    Vec::new()
+                } else {
+                    behind
+                };
                 let mut raise = RAISE_FENCE.prepare_invoke();
                 raise
                     .key(&keys.lock)
@@ -584,13 +596,14 @@ impl RedlockBackend {
                     .arg(fence);
                 let limit = self.inner.config.timeout;
                 let raised = join_all(
-                    granted
+                    behind
                         .iter()
-                        .map(|&(i, _)| self.inner.nodes[i].invoke::<i64>(&raise, limit)),
+                        .map(|&&(i, _)| self.inner.nodes[i].invoke::<i64>(&raise, limit)),
                 )
                 .await;
                 let mut written = Tally::new(&self.inner.nodes);
-                for (&(i, _), r) in granted.iter().zip(raised) {
+                written.ok = at_token.len();
+                for (&&(i, _), r) in behind.iter().zip(raised) {
                     match r {
                         Ok(1) => written.ok += 1,
                         Ok(_) => written.refused += 1,
@@ -779,9 +792,11 @@ impl RedlockBackend {
 #[async_trait]
 impl LockBackend for RedlockBackend {
     /// One Redlock round: the acquire script on every node at once, then
-    /// (with a majority) the token written back to the granting nodes; on
-    /// failure, the attempt undone on every node. Costs two round trips
-    /// (three on failure), each as long as the slowest node within the
+    /// (with a majority) the token written back to the granting nodes that
+    /// returned less, unless a majority returned it already; on failure,
+    /// the attempt undone on every node. Costs one round trip when the
+    /// nodes' counters are in step, two when some must be written back
+    /// (one more on failure), each as long as the slowest node within the
     /// per-node timeout.
     ///
     /// # Cancel safety

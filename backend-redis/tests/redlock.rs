@@ -641,6 +641,99 @@ async fn a_later_majority_sharing_one_node_counts_on_from_the_written_back_token
     c.release(&second).await.unwrap();
 }
 
+/// Scripts each node has run (`EVAL`/`EVALSHA` calls), from its
+/// `INFO commandstats`.
+async fn scripts_run(servers: &[RedisServer]) -> Vec<u64> {
+    let mut out = Vec::new();
+    for s in servers {
+        let v = on_node(s, redis::cmd("INFO").arg("commandstats")).await;
+        let info: String = redis::from_redis_value(v).unwrap();
+        out.push(
+            info.lines()
+                .filter(|l| l.starts_with("cmdstat_eval"))
+                .filter_map(|l| l.split([':', ',']).find_map(|f| f.strip_prefix("calls=")))
+                .map(|v| v.parse::<u64>().unwrap())
+                .sum(),
+        );
+    }
+    out
+}
+
+/// Sets the fencing counter of `name` on each node.
+async fn set_counters(servers: &[RedisServer], keys: &backend_redis::LockKeys, at: &[u64]) {
+    for (s, v) in servers.iter().zip(at) {
+        on_node(s, redis::cmd("HSET").arg(&keys.fence).arg("fence").arg(*v)).await;
+    }
+}
+
+/// The write-back costs a second round trip only where it is needed: when
+/// a majority of the granting nodes returned the token itself (counters in
+/// step, the usual case), an acquire runs one script per node; when fewer
+/// did, the nodes behind are written back and end at the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_is_written_back_only_when_no_majority_returned_it() {
+    let servers = five();
+    let c = client(&servers).await;
+    let n = name("in-step");
+    let keys = c.keys(&n).unwrap();
+    // Loads every script on every node: a first EVALSHA of a script a node
+    // lacks is answered NOSCRIPT and sent again, which would count twice.
+    let warm = c
+        .try_acquire(&req(&n, Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("free");
+    c.release(&warm).await.unwrap();
+    let raise = include_str!("../scripts/redlock_raise_fence.lua");
+    for s in &servers {
+        on_node(s, redis::cmd("SCRIPT").arg("LOAD").arg(raise)).await;
+    }
+    let base: u64 = 1_000_000_000_000;
+    let cases: [(&str, [u64; 5], [u64; 5]); 3] = [
+        // Every counter in step: no write-back.
+        ("in step", [base; 5], [1; 5]),
+        // Two nodes behind, but the other three are a majority at the
+        // token: no write-back, the two stay behind (a renew raises them).
+        (
+            "a majority in step",
+            [base - 7, base - 3, base, base, base],
+            [1; 5],
+        ),
+        // One node ahead: the token is its count, the four others are
+        // written back to it.
+        (
+            "one ahead",
+            [base + 100, base, base, base, base],
+            [1, 2, 2, 2, 2],
+        ),
+    ];
+    for (case, counters, scripts) in cases {
+        set_counters(&servers, &keys, &counters).await;
+        let before = scripts_run(&servers).await;
+        let lease = c
+            .try_acquire(&req(&n, Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .expect("free");
+        let after = scripts_run(&servers).await;
+        let ran: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+        assert_eq!(ran, scripts, "{case}: scripts run per node by one acquire");
+        let token = counters.iter().max().unwrap() + 1;
+        assert_eq!(lease.fence().get(), token, "{case}");
+        for (i, s) in servers.iter().enumerate() {
+            let v = on_node(s, redis::cmd("HGET").arg(&keys.fence).arg("fence")).await;
+            let counter: u64 = redis::from_redis_value(v).unwrap();
+            let expected = if scripts[i] == 2 {
+                token
+            } else {
+                counters[i] + 1
+            };
+            assert_eq!(counter, expected, "{case}: node {i}'s counter");
+        }
+        c.release(&lease).await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_credentials_are_a_config_error_that_never_shows_the_password() {
     let servers = RedisServer::start_independent(3, &[]).expect("start three redis-servers");
