@@ -84,6 +84,15 @@ fn quick_run_writes_the_report_with_sane_numbers() {
         assert!(rounds >= 20.0, "{want}: hand-off rounds");
         assert_eq!(num(b, &["handoff", "handoff", "count"]), rounds, "{want}");
         assert!(num(b, &["handoff", "handoff", "p50_us"]) > 0.0, "{want}");
+        // The raw hand-off floor, in blocks between polylock's rounds,
+        // wherever waiters are woken by the service (SQLite polls).
+        let raw = &b["handoff"]["raw"];
+        if want == "sqlite" {
+            assert!(raw.is_null(), "{want}: no raw hand-off: {raw}");
+        } else {
+            assert_eq!(num(raw, &["count"]), rounds, "{want}: raw hand-offs");
+            assert!(num(raw, &["p50_us"]) > 0.0, "{want}: {raw}");
+        }
         let contention = b["contention"].as_array().unwrap();
         assert_eq!(contention.len(), 2, "hold 0 and 1 ms");
         for c in contention {

@@ -333,6 +333,10 @@ pub struct Handoff {
     /// on every hop of a hand-off, which the back-to-back round trip of a
     /// busy loop does not pay.
     pub idle_round_trip: Summary,
+    /// The same hand-off through the raw driver, in rounds of the same
+    /// shape: the floor the service and driver set (see
+    /// `target/floor.rs`); none where waiters poll.
+    pub raw: Option<Summary>,
     /// Rounds skipped because a request failed with a retryable error.
     pub transient_errors: u64,
 }
@@ -357,6 +361,8 @@ pub(crate) async fn handoff(t: &Target, d: Duration) -> Res<Handoff> {
     let rounds = ((d.as_millis() / (QUEUED.as_millis() + 5)) as usize).clamp(20, 200);
     let (mut samples, mut transient) = (Vec::with_capacity(rounds), 0);
     let mut idle = Vec::with_capacity(rounds);
+    let block = (rounds / 4).max(1);
+    let (mut raw, mut raw_done) = (Some(Vec::with_capacity(rounds)), 0);
     while samples.len() < rounds {
         sleep(QUEUED).await;
         let at = Instant::now();
@@ -403,11 +409,28 @@ pub(crate) async fn handoff(t: &Target, d: Duration) -> Res<Handoff> {
             Err(e) if e.is_retryable() => transient += 1,
             Err(e) => return Err(lock_err("release as the waiter")(e)),
         }
+        // The raw hand-off in blocks between polylock's, so that a change
+        // of load hits both alike.
+        if samples.len() % block == 0 && samples.len() > raw_done {
+            raw_done = samples.len();
+            if let Some(r) = raw.as_mut() {
+                match t.raw_handoff(block).await? {
+                    Some(more) => r.extend(more),
+                    None => raw = None,
+                }
+            }
+        }
+    }
+    if let Some(r) = raw.as_mut() {
+        if r.len() < rounds {
+            r.extend(t.raw_handoff(rounds - r.len()).await?.unwrap_or_default());
+        }
     }
     Ok(Handoff {
         rounds,
         handoff: Summary::of(&samples),
         idle_round_trip: Summary::of(&idle),
+        raw: raw.as_deref().map(Summary::of),
         transient_errors: transient,
     })
 }

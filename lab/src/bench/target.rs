@@ -13,6 +13,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zookeeper_client::{Acls, CreateMode};
 
+mod floor;
+
 /// Every backend the bench knows, in report order.
 pub const ALL: &[&str] = &[
     "sqlite",
