@@ -96,14 +96,14 @@ pub const RENEW_CHUNK: usize = 128;
 /// - `survives_restart: false`: a node that restarts without its data (or
 ///   a majority of them) can admit a second holder; the backend cannot know
 ///   how the nodes persist.
-/// - waiters poll with a jittered delay (Redlock has no release message
-///   that reaches every node's waiters at once).
+/// - waiters wake on the release message, subscribed on every node (a
+///   release publishes on each node it held), and still attempt after a
+///   jittered delay of at most `retry_delay` between messages.
 /// - TTLs of at least [`REDLOCK_MIN_TTL`](crate::REDLOCK_MIN_TTL), in milliseconds;
 ///   `force_release` removes the lock on every node.
 /// - holder metadata: each node's grant writes it beside the lock, and
 ///   `inspect` shows what a majority of the holder's nodes agree on. No
-///   `list` and no waiter count (waiters poll; nothing on a server sees
-///   them).
+///   `list` and no waiter count.
 /// - `batch_renew`: one script per node for each [`RENEW_CHUNK`] leases.
 pub fn guarantees(algorithm: Algorithm) -> Guarantees {
     if algorithm == Algorithm::Redlock {

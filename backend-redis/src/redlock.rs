@@ -42,8 +42,10 @@
 //!   the attempt reports "not acquired": `Ok(None)` when other holders
 //!   alone made a majority impossible, else a retryable error that says how
 //!   many nodes granted, which failed and why, and what validity was left.
-//!   A waiting `acquire` retries after a random (jittered) delay of at most
-//!   `retry_delay`.
+//!   A waiting `acquire` subscribes to the lock's release channel on
+//!   every node and attempts again on the first release message from any
+//!   of them (a release publishes on each node), or after a random
+//!   (jittered) delay of at most `retry_delay`, whichever comes first.
 //! - **Renew** runs the `plain` owner- and token-checked extension on every
 //!   node; it succeeds only when a majority extended and the lease's
 //!   remaining validity (its deadline) had not run out when they answered.
@@ -102,7 +104,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::join_all;
-use lock_core::wait::{poll_acquire, Backoff};
+use lock_core::wait::{acquire_loop, Backoff};
 use lock_core::{
     AcquireRequest, ClockPolicy, ExpiryClock, FencingGuarantee, FencingToken, Guarantees,
     HolderInfo, Lease, LockBackend, LockError, LockName, OwnerToken, WaitMechanism,
@@ -118,9 +120,10 @@ pub use config::{
 
 use crate::backend::{foreign_value, renew_chunked, PX_UNIT};
 use crate::config::{Format, RedisConfig};
-use crate::conn::Link;
+use crate::conn::{client_for, Link};
 use crate::errors::{connect_error, is_retryable, Fail, RedisFailure};
 use crate::format::{Layout, LockKeys, FORCE_RELEASE, RELEASE_MESSAGE};
+use crate::wait::{wake_up, Subscriber, Subscription};
 
 /// The backend name in errors and guarantees.
 const REDLOCK: &str = "redlock";
@@ -151,7 +154,7 @@ pub(crate) fn guarantees() -> Guarantees {
     g.expiry_clock = ExpiryClock::Server;
     g.survives_restart = false;
     g.survives_failover = false;
-    g.wait = WaitMechanism::Poll;
+    g.wait = WaitMechanism::PubSub;
     g.min_ttl = REDLOCK_MIN_TTL;
     g.ttl_granularity = Duration::from_millis(1);
     g.force_release = true;
@@ -288,6 +291,10 @@ struct Inner {
     config: RedlockConfig,
     layout: Layout,
     nodes: Vec<Node>,
+    /// One pub/sub connection per node, opened by the first waiter: a
+    /// release publishes on every node it held, so a waiter subscribed on
+    /// all of them hears it from any node of the holder's majority.
+    subscribers: Vec<Subscriber>,
 }
 
 impl fmt::Debug for RedlockBackend {
@@ -430,11 +437,20 @@ impl RedlockBackend {
         }
         tracing::info!(url = %config.redacted_url(), nodes = nodes.len(), answered = tally.ok, "polylock redlock: connected");
         let layout = plain_layout(config.nodes[0].prefix.clone());
+        let subscribers = nodes
+            .iter()
+            .map(|n| {
+                client_for(&n.config, &n.config.nodes[0])
+                    .map(|c| Subscriber::new(vec![c], config.timeout))
+                    .map_err(|e| connect_error(&n.config, Fail::Redis(e)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(RedlockBackend {
             inner: Arc::new(Inner {
                 config,
                 layout,
                 nodes,
+                subscribers,
             }),
         })
     }
@@ -807,19 +823,60 @@ impl LockBackend for RedlockBackend {
         self.attempt(req).await
     }
 
-    /// Attempts until one succeeds or `req.wait` runs out, pausing a random
-    /// time of at most `retry_delay` between two.
+    /// Attempts until one succeeds or `req.wait` runs out. After a first
+    /// refused attempt the waiter subscribes to the lock's release channel
+    /// on every node (the release script publishes on each node it held)
+    /// and attempts again on the first message from any of them; between
+    /// messages it still attempts after a random pause of at most
+    /// `retry_delay`, which covers a holder that expired without a release,
+    /// a foreign client's release (it publishes nothing) and a node whose
+    /// subscription is down.
     ///
     /// # Cancel safety
-    /// Cancel safe while it pauses; a drop during an attempt is like
-    /// dropping [`try_acquire`](LockBackend::try_acquire).
+    /// Cancel safe while it waits (its subscriptions are given up); a drop
+    /// during an attempt is like dropping
+    /// [`try_acquire`](LockBackend::try_acquire).
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         let max = self.inner.config.retry_delay;
         let backoff = Backoff {
             initial: (max / 4).max(Duration::from_millis(1)),
             max,
         };
-        poll_acquire(self, req, backoff).await
+        // An uncontended lock costs one round and no subscription.
+        match self.attempt(req).await {
+            Ok(Some(lease)) => return Ok(Some(lease)),
+            Ok(None) if req.wait.is_zero() => return Ok(None),
+            Err(e) if !e.is_retryable() || req.wait.is_zero() => return Err(e),
+            _ => {}
+        }
+        let keys = self.keys(&req.name)?;
+        let deadline = req.wait_deadline();
+        let limit = deadline.min(Instant::now() + self.inner.config.timeout);
+        // Confirmed or not, each subscription keeps trying in the
+        // background; the polling backoff covers the time until it is up.
+        let subs: Vec<Subscription> = join_all(
+            self.inner
+                .subscribers
+                .iter()
+                .map(|s| s.subscribe(&keys.channel, limit)),
+        )
+        .await
+        .into_iter()
+        .map(|(sub, _)| sub)
+        .collect();
+        // No expiry to wait for: a holder whose lease runs out publishes
+        // nothing, and the backoff's next attempt finds it gone.
+        let expiry = std::sync::Mutex::new(None);
+        // The subscriptions are live from here on, so the loop's first
+        // attempt (made now) cannot miss a release that came after the one
+        // above.
+        acquire_loop(
+            || self.attempt(req),
+            deadline,
+            backoff,
+            || wake_up(&subs, None, &expiry),
+        )
+        .await
     }
 
     /// The `plain` owner- and token-checked extension on every node; a

@@ -15,8 +15,9 @@
 //!   `ttl x F + drift`, taken off every lease's validity; defaults 0.01 and
 //!   2ms (the values of the Redlock description and node-redlock).
 //! - `retry_delay=DURATION`: the longest pause between two attempts of a
-//!   waiting acquire; each pause is random (jittered), so that contending
-//!   clients do not retry in lockstep; default 200ms.
+//!   waiting acquire when no release message comes (a holder that expired,
+//!   a foreign client's release); each pause is random (jittered), so that
+//!   contending clients do not retry in lockstep; default 200ms.
 //! - `prefix=TEXT`: prepended to the lock key, as for `redis://`.
 
 use std::fmt;
