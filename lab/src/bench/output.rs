@@ -523,7 +523,7 @@ pub fn markdown(r: &Report) -> String {
          (Redis `DEL` + `PUBLISH`, then the subscriber's `SET NX PX`; etcd and ZooKeeper a delete \
          seen by the next in line's watch; PostgreSQL a release with `pg_notify`, then the \
          listener's acquire), in blocks between polylock's rounds: the floor the service sets. \
-         Where waiters poll, there is none.\n",
+         None is measured where waiters poll (SQLite, MariaDB) nor for Redlock.\n",
         super::measure::QUEUED.as_millis()
     );
     let _ = writeln!(
@@ -535,11 +535,7 @@ pub fn markdown(r: &Report) -> String {
         let h = &b.handoff;
         let rtt = b.cycle.round_trip.p50_us;
         let (raw, raw_trips, over_raw) = h.raw.as_ref().map_or(
-            (
-                "n/a (waiters poll)".to_string(),
-                "-".to_string(),
-                "-".to_string(),
-            ),
+            ("n/a".to_string(), "-".to_string(), "-".to_string()),
             |raw| {
                 (
                     ms(raw.p50_us),

@@ -16,8 +16,9 @@
 //! - ZooKeeper: a delete; the event on the waiter's exists-watch (its node
 //!   is next in line, so the event is the grant).
 //!
-//! Backends whose waiters poll (SQLite, MariaDB, Redlock) have no floor
-//! but their polling interval: none is measured.
+//! None is measured where waiters poll (SQLite, MariaDB: the floor is
+//! their polling interval) nor for Redlock (its hand-off targets are not
+//! set; its waiters wake on any node's release message).
 
 use std::time::Duration;
 
@@ -40,7 +41,7 @@ const KEY: &str = "raw-handoff";
 impl Target {
     /// `rounds` raw hand-offs between two fresh clients of the same
     /// driver, from the start of the release to the waiter holding; `None`
-    /// where waiters poll.
+    /// where none is measured (see the module docs).
     pub(crate) async fn raw_handoff(&self, rounds: usize) -> Res<Option<Vec<Duration>>> {
         let mut out = Vec::with_capacity(rounds);
         match (&self._servers, &*self.raw) {
