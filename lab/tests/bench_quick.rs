@@ -79,6 +79,21 @@ fn quick_run_writes_the_report_with_sane_numbers() {
             assert!(server.is_null(), "{want}: no server CPU counter: {server}");
         }
         assert!(num(b, &["parallel", "ratio"]) > 0.0, "{want} 64-task ratio");
+        assert!(
+            num(b, &["parallel", "backend_per_s"]) > 0.0,
+            "{want}: 64 tasks on the backend trait"
+        );
+        // The client's CPU per cycle: every side does work in this process.
+        for side in ["polylock", "backend", "raw"] {
+            let us = num(
+                b,
+                &["parallel", "client_cpu", &format!("{side}_us_per_cycle")],
+            );
+            assert!(
+                us > 0.0 && us < 1e6,
+                "{want}: client CPU {us} µs per {side} cycle"
+            );
+        }
         // Two clients, one queued: every round is a hand-off.
         let rounds = num(b, &["handoff", "rounds"]);
         assert!(rounds >= 20.0, "{want}: hand-off rounds");

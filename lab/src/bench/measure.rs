@@ -228,9 +228,28 @@ pub struct Parallel {
     pub raw_per_s: f64,
     /// `polylock_per_s / raw_per_s`.
     pub ratio: f64,
+    /// The same tasks calling the backend trait directly (no `Locker`,
+    /// guard or watchdog), cycles per second.
+    pub backend_per_s: f64,
+    /// This process's CPU per cycle on each side: the client's cost of a
+    /// cycle, which on a machine whose cores the server shares is taken
+    /// from the server too.
+    pub client_cpu: ClientCpu,
     /// Where the server's command thread can be measured (Redis: see
     /// `Target::server_cpu_us`), its CPU time per cycle.
     pub server: Option<ServerCpu>,
+}
+
+/// The bench process's CPU (user + system, every thread) per cycle during
+/// the many-tasks rounds, in µs.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClientCpu {
+    /// Through the `Locker`.
+    pub polylock_us_per_cycle: f64,
+    /// The backend trait called directly.
+    pub backend_us_per_cycle: f64,
+    /// The raw driver.
+    pub raw_us_per_cycle: f64,
 }
 
 /// The server's command thread during the many-tasks rounds.
@@ -251,69 +270,83 @@ pub(crate) async fn parallel(
     tasks: usize,
     d: Duration,
 ) -> Res<Parallel> {
-    let half = d / 4;
-    let mut mine = 0.0;
-    let mut raw = 0.0;
-    // Per mode (polylock, raw): server CPU µs, cycles, wall seconds.
-    let mut cpu = [(0.0, 0u64, 0.0); 2];
-    let mut measured = true;
-    // Two rounds each, alternating.
-    for r in 0..4 {
-        let polylock = r % 2 == 0;
-        let cpu_before = t.server_cpu_us().await?;
-        let done = Arc::new(AtomicU64::new(0));
-        let stop = Instant::now() + half;
-        let mut handles = Vec::new();
-        for i in 0..tasks {
-            let (done, locker, raw) = (done.clone(), locker.clone(), t.raw.clone());
-            handles.push(tokio::spawn(async move {
-                let name = format!("bench/par/{i}");
-                while Instant::now() < stop {
-                    if polylock {
-                        one_cycle(&locker, &name).await?;
-                    } else {
-                        raw.cycle(&name).await?;
+    use Side::*;
+    let rounds = 3;
+    let per = d / (3 * rounds as u32);
+    // Per side (polylock, raw, backend): wall time, cycles, server CPU µs,
+    // this process's CPU µs.
+    let mut spent = [(0.0f64, 0u64, 0.0f64, 0.0f64); 3];
+    let mut server_measured = true;
+    let orders = [
+        [Polylock, Raw, Backend],
+        [Raw, Backend, Polylock],
+        [Backend, Polylock, Raw],
+    ];
+    for order in orders.iter().take(rounds) {
+        for &side in order {
+            let cpu_before = t.server_cpu_us().await?;
+            let client_before = client_cpu_us()?;
+            let done = Arc::new(AtomicU64::new(0));
+            let stop = Instant::now() + per;
+            let mut handles = Vec::new();
+            for i in 0..tasks {
+                let (done, locker, raw) = (done.clone(), locker.clone(), t.raw.clone());
+                handles.push(tokio::spawn(async move {
+                    let name = format!("bench/par/{i}");
+                    while Instant::now() < stop {
+                        match side {
+                            Polylock => one_cycle(&locker, &name).await?,
+                            Raw => raw.cycle(&name).await?,
+                            Backend => backend_cycle(&locker, &name).await?,
+                        }
+                        done.fetch_add(1, Ordering::Relaxed);
                     }
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok::<_, String>(())
-            }));
-        }
-        let started = Instant::now();
-        for h in handles {
-            h.await.map_err(|e| e.to_string())??;
-        }
-        let wall = started.elapsed().as_secs_f64();
-        let cycles = done.load(Ordering::Relaxed);
-        let rate = cycles as f64 / wall;
-        if polylock {
-            mine += rate / 2.0;
-        } else {
-            raw += rate / 2.0;
-        }
-        match (cpu_before, t.server_cpu_us().await?) {
-            (Some(a), Some(b)) => {
-                let m = &mut cpu[usize::from(!polylock)];
-                m.0 += b - a;
-                m.1 += cycles;
-                m.2 += wall;
+                    Ok::<_, String>(())
+                }));
             }
-            _ => measured = false,
+            let started = Instant::now();
+            for h in handles {
+                h.await.map_err(|e| e.to_string())??;
+            }
+            let m = &mut spent[side as usize];
+            m.0 += started.elapsed().as_secs_f64();
+            m.1 += done.load(Ordering::Relaxed);
+            m.3 += client_cpu_us()? - client_before;
+            match (cpu_before, t.server_cpu_us().await?) {
+                (Some(a), Some(b)) => m.2 += b - a,
+                _ => server_measured = false,
+            }
         }
     }
-    let per_cycle = |(us, cycles, _): (f64, u64, f64)| us / cycles.max(1) as f64;
-    let server = measured.then(|| ServerCpu {
-        polylock_us_per_cycle: per_cycle(cpu[0]),
-        raw_us_per_cycle: per_cycle(cpu[1]),
-        polylock_busy: cpu[0].0 / 1e6 / cpu[0].2.max(f64::MIN_POSITIVE),
-    });
+    let rate = |(wall, n, _, _): (f64, u64, f64, f64)| n as f64 / wall.max(f64::MIN_POSITIVE);
+    let per_cycle = |us: f64, n: u64| us / n.max(1) as f64;
+    let [p, r, b] = spent;
     Ok(Parallel {
         tasks,
-        polylock_per_s: mine,
-        raw_per_s: raw,
-        ratio: mine / raw,
-        server,
+        polylock_per_s: rate(p),
+        raw_per_s: rate(r),
+        ratio: rate(p) / rate(r),
+        backend_per_s: rate(b),
+        client_cpu: ClientCpu {
+            polylock_us_per_cycle: per_cycle(p.3, p.1),
+            backend_us_per_cycle: per_cycle(b.3, b.1),
+            raw_us_per_cycle: per_cycle(r.3, r.1),
+        },
+        server: server_measured.then(|| ServerCpu {
+            polylock_us_per_cycle: per_cycle(p.2, p.1),
+            raw_us_per_cycle: per_cycle(r.2, r.1),
+            polylock_busy: p.2 / 1e6 / p.0.max(f64::MIN_POSITIVE),
+        }),
     })
+}
+
+/// CPU time this process has used so far (user + system, all threads), in
+/// µs: the client's side of a measurement.
+fn client_cpu_us() -> Res<f64> {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let u = getrusage(UsageWho::RUSAGE_SELF).map_err(|e| format!("getrusage: {e}"))?;
+    let us = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 * 1e6 + t.tv_usec() as f64;
+    Ok(us(u.user_time()) + us(u.system_time()))
 }
 
 /// The hand-off between two clients: one holds, the other waits queued,

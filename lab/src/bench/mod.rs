@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use measure::{Contention, Cycle, Handoff, Held, Parallel, RoundMeans, ServerCpu};
+pub use measure::{ClientCpu, Contention, Cycle, Handoff, Held, Parallel, RoundMeans, ServerCpu};
 pub use stats::{Summary, CDF_POINTS};
 pub use target::ALL as BACKENDS;
 

@@ -34,6 +34,47 @@ fn find<'a>(r: &'a Report, name: &str) -> Option<&'a BackendReport> {
     r.backends.iter().find(|b| b.backend == name)
 }
 
+/// Why the many-tasks rate misses raw's, from the same run: the gap in
+/// time per cycle (all tasks together) split into the backend's own
+/// requests and the lock layer around them, this process's CPU per cycle
+/// on each side, and the server's where it is measured.
+fn parallel_gap(p: &super::Parallel) -> String {
+    let us = |rate: f64| 1e6 / rate.max(f64::MIN_POSITIVE);
+    let gap = us(p.polylock_per_s) - us(p.raw_per_s);
+    let backend = us(p.backend_per_s) - us(p.raw_per_s);
+    let layer = us(p.polylock_per_s) - us(p.backend_per_s);
+    let c = &p.client_cpu;
+    let mut why = format!(
+        "{:.1} µs more per cycle than raw ({:.0} vs {:.0} cycles/s): the backend's own requests \
+         (the trait called directly, {:.0} cycles/s) {backend:+.1} µs, the lock layer {layer:+.1} µs; \
+         this process's CPU per cycle: polylock {:.1} µs, backend alone {:.1} µs, raw {:.1} µs \
+         (client and server share the machine's cores, so client CPU is taken from the server too)",
+        gap,
+        p.polylock_per_s,
+        p.raw_per_s,
+        p.backend_per_s,
+        c.polylock_us_per_cycle,
+        c.backend_us_per_cycle,
+        c.raw_us_per_cycle,
+    );
+    if let Some(sc) = &p.server {
+        why.push_str(&format!(
+            "; server CPU per cycle: {:.1} µs for polylock's two scripts (owner, fence and TTL \
+             checks, holder metadata, release notice) vs {:.1} µs for raw SET NX PX + DEL, the \
+             server's command thread busy {:.0}% of the polylock rounds{}",
+            sc.polylock_us_per_cycle,
+            sc.raw_us_per_cycle,
+            sc.polylock_busy * 100.0,
+            if sc.polylock_busy >= 0.8 {
+                ": it, not the client, sets the rate"
+            } else {
+                ""
+            }
+        ));
+    }
+    why
+}
+
 /// The uncontended gap taken apart with the same run's figures: the
 /// backend's own requests (trait called directly) against raw, the server's
 /// share of that where it is measured, and the lock layer around them.
@@ -97,22 +138,10 @@ pub fn verdicts(r: &Report) -> Vec<Verdict> {
     }
     for b in &r.backends {
         let ok = b.parallel.ratio >= 0.9;
-        let why = match (&b.parallel.server, ok) {
-            (_, true) => String::new(),
-            (Some(c), false) => format!(
-                "server CPU per cycle: {:.1} µs for polylock's two scripts (owner, fence and TTL checks, \
-                 holder metadata, release notice) vs {:.1} µs for raw SET NX PX + DEL; the server's \
-                 command thread was busy {:.0}% of the polylock rounds{}",
-                c.polylock_us_per_cycle,
-                c.raw_us_per_cycle,
-                c.polylock_busy * 100.0,
-                if c.polylock_busy >= 0.8 {
-                    ": it, not the client, sets the rate"
-                } else {
-                    ": not saturated, so the rest of the gap is on the client side of each cycle"
-                }
-            ),
-            (None, false) => "not profiled in this run".into(),
+        let why = if ok {
+            String::new()
+        } else {
+            parallel_gap(&b.parallel)
         };
         v.push(verdict(
             &format!(
@@ -482,14 +511,17 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(s, "\n## Uncontended cycle and many tasks\n");
     let _ = writeln!(
         s,
-        "| backend | p50 | p99 | cycles/s | raw cycles/s | ratio | backend alone cycles/s | lock layer alone | round trip p50 | {} tasks/s | raw pipelined | ratio |",
+        "| backend | p50 | p99 | cycles/s | raw cycles/s | ratio | backend alone cycles/s | lock layer alone | round trip p50 | {} tasks/s | raw pipelined | ratio | backend alone | client CPU per cycle (polylock / raw) |",
         r.backends.first().map_or(64, |b| b.parallel.tasks)
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        s,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
     for b in &r.backends {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.1} µs | {} | {:.0} | {:.0} | {:.2} |",
+            "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.1} µs | {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.1} / {:.1} µs |",
             b.backend,
             ms(b.cycle.polylock.p50_us),
             ms(b.cycle.polylock.p99_us),
@@ -501,7 +533,10 @@ pub fn markdown(r: &Report) -> String {
             ms(b.cycle.round_trip.p50_us),
             b.parallel.polylock_per_s,
             b.parallel.raw_per_s,
-            b.parallel.ratio
+            b.parallel.ratio,
+            b.parallel.backend_per_s,
+            b.parallel.client_cpu.polylock_us_per_cycle,
+            b.parallel.client_cpu.raw_us_per_cycle
         );
     }
     let _ = writeln!(
@@ -636,7 +671,9 @@ pub fn markdown(r: &Report) -> String {
          side first in a third of them) so load changes hit all alike; the rounds' spread gives \
          the standard errors of the targets table.\n\
          - Many tasks: that many tasks, each on its own name, share one client (one `Locker`, one \
-         raw connection or pool).\n\
+         raw connection or pool); polylock, raw and the backend trait called directly take turns \
+         in three rounds each, and the bench process's CPU time (user + system, `getrusage`) is \
+         read around every round: the client's CPU per cycle.\n\
          - Contention: each worker has its own client and loops acquire (wait) → hold → release. \
          Hand-off: from the start of a release to another worker's acquire returning. Wait: from \
          asking to holding. The hold is busy (yielding) rather than a timer sleep, \
