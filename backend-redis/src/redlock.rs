@@ -104,6 +104,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::join_all;
+use futures::stream::{FuturesUnordered, StreamExt};
 use lock_core::wait::{acquire_loop, Backoff};
 use lock_core::{
     AcquireRequest, ClockPolicy, ExpiryClock, FencingGuarantee, FencingToken, Guarantees,
@@ -852,18 +853,26 @@ impl LockBackend for RedlockBackend {
         let keys = self.keys(&req.name)?;
         let deadline = req.wait_deadline();
         let limit = deadline.min(Instant::now() + self.inner.config.timeout);
-        // Confirmed or not, each subscription keeps trying in the
-        // background; the polling backoff covers the time until it is up.
-        let subs: Vec<Subscription> = join_all(
-            self.inner
-                .subscribers
-                .iter()
-                .map(|s| s.subscribe(&keys.channel, limit)),
-        )
-        .await
-        .into_iter()
-        .map(|(sub, _)| sub)
-        .collect();
+        // Waits for a majority of confirmed subscriptions, not for all: a
+        // release publishes on every node of its holder's majority, and two
+        // majorities share a node, so one message is sure to reach us; a
+        // node that is down or slow does not hold the waiter up. The
+        // polling backoff covers everything else.
+        let mut pending: FuturesUnordered<_> = self
+            .inner
+            .subscribers
+            .iter()
+            .map(|s| s.subscribe(&keys.channel, limit))
+            .collect();
+        let (mut subs, mut confirmed): (Vec<Subscription>, usize) = (Vec::new(), 0);
+        while let Some((sub, ok)) = pending.next().await {
+            subs.push(sub);
+            confirmed += usize::from(ok);
+            if confirmed >= self.quorum() {
+                break;
+            }
+        }
+        drop(pending);
         // No expiry to wait for: a holder whose lease runs out publishes
         // nothing, and the backoff's next attempt finds it gone.
         let expiry = std::sync::Mutex::new(None);

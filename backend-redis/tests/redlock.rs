@@ -108,6 +108,62 @@ async fn two_nodes_killed_acquire_renew_and_release_still_work() {
     other.release(&next).await.unwrap();
 }
 
+/// Waiters wake on the release message of any node: with two of five
+/// nodes down, a waiter whose next poll is seconds away (`retry_delay`
+/// 20 s: the first comes 2.5 s or more after its refused attempt) gets the
+/// lock within a second of the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_the_release_with_two_nodes_down() {
+    let servers = five();
+    servers[1].kill().unwrap();
+    servers[3].kill().unwrap();
+    let holder = client(&servers).await;
+    let waiter = Arc::new(
+        RedlockBackend::connect(&url(&servers, "?timeout=100ms&retry_delay=20s"))
+            .await
+            .expect("connect"),
+    );
+    let n = name("woken");
+    let lease = holder
+        .try_acquire(&req(&n, Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("free");
+    let queued = tokio::spawn({
+        let (waiter, n) = (waiter.clone(), n.clone());
+        async move {
+            let wait = AcquireRequest::new(
+                n,
+                OwnerToken::random(),
+                Duration::from_secs(30),
+                Duration::from_secs(30),
+            )
+            .unwrap();
+            let got = waiter.acquire(&wait).await;
+            (Instant::now(), got)
+        }
+    });
+    sleep(Duration::from_millis(500)).await;
+    assert!(
+        !queued.is_finished(),
+        "the waiter did not wait for the holder"
+    );
+    let released = Instant::now();
+    holder.release(&lease).await.unwrap();
+    let (at, got) = timeout(Duration::from_secs(25), queued)
+        .await
+        .expect("the waiter never got the lock")
+        .unwrap();
+    let next = got.expect("the waiter's acquire").expect("acquired");
+    assert!(
+        at - released < Duration::from_secs(1),
+        "acquired {:?} after the release: that is the polling, not a wake-up",
+        at - released
+    );
+    assert!(next.fence() > lease.fence());
+    waiter.release(&next).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_killed_acquire_fails_fast_renew_loses_and_survivors_are_clean() {
     let servers = five();
