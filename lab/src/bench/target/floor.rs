@@ -20,6 +20,7 @@
 //! their polling interval) nor for Redlock (its hand-off targets are not
 //! set; its waiters wake on any node's release message).
 
+use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::EventType;
@@ -76,8 +77,6 @@ impl Target {
                         Ok::<_, String>(Instant::now())
                     };
                     let releasing = async {
-                        sleep(QUEUED).await;
-                        let at = Instant::now();
                         redis::pipe()
                             .cmd("DEL")
                             .arg(KEY)
@@ -88,11 +87,9 @@ impl Target {
                             .ignore()
                             .query_async::<()>(&mut holder.clone())
                             .await
-                            .map_err(fail("DEL + PUBLISH"))?;
-                        Ok::<_, String>(at)
+                            .map_err(fail("DEL + PUBLISH"))
                     };
-                    let (held, released) = tokio::try_join!(waiting, releasing)?;
-                    out.push(held - released);
+                    out.push(round(waiting, releasing).await?);
                     redis::cmd("DEL")
                         .arg(KEY)
                         .query_async::<i64>(&mut waiter)
@@ -130,13 +127,13 @@ impl Target {
                         }
                     };
                     let releasing = async {
-                        sleep(QUEUED).await;
-                        let at = Instant::now();
-                        kv.clone().delete(KEY, None).await.map_err(fail("delete"))?;
-                        Ok::<_, String>(at)
+                        kv.clone()
+                            .delete(KEY, None)
+                            .await
+                            .map(|_| ())
+                            .map_err(fail("delete"))
                     };
-                    let (held, released) = tokio::try_join!(waiting, releasing)?;
-                    out.push(held - released);
+                    out.push(round(waiting, releasing).await?);
                 }
             }
             (Servers::Pg(_), Raw::Pg(pool)) => {
@@ -176,18 +173,15 @@ impl Target {
                         Ok::<_, String>(Instant::now())
                     };
                     let releasing = async {
-                        sleep(QUEUED).await;
-                        let at = Instant::now();
                         sqlx::query(release)
                             .bind(KEY)
                             .bind("holder")
                             .fetch_all(&mut *holder)
                             .await
-                            .map_err(fail("release"))?;
-                        Ok::<_, String>(at)
+                            .map(|_| ())
+                            .map_err(fail("release"))
                     };
-                    let (held, released) = tokio::try_join!(waiting, releasing)?;
-                    out.push(held - released);
+                    out.push(round(waiting, releasing).await?);
                     sqlx::query("UPDATE raw_locks SET owner = NULL WHERE name = $1")
                         .bind(KEY)
                         .execute(&mut *holder)
@@ -215,18 +209,31 @@ impl Target {
                         watcher.changed().await;
                         Ok::<_, String>(Instant::now())
                     };
-                    let releasing = async {
-                        sleep(QUEUED).await;
-                        let at = Instant::now();
-                        holder.delete(&path, None).await.map_err(fail("delete"))?;
-                        Ok::<_, String>(at)
-                    };
-                    let (held, released) = tokio::try_join!(waiting, releasing)?;
-                    out.push(held - released);
+                    let releasing =
+                        async { holder.delete(&path, None).await.map_err(fail("delete")) };
+                    out.push(round(waiting, releasing).await?);
                 }
             }
             _ => return Ok(None),
         }
         Ok(Some(out))
     }
+}
+
+/// One timed round: the waiter (`waiting`, which returns when it holds) is
+/// left parked for [`QUEUED`], then `release` runs; from the start of the
+/// release to the waiter holding. Both are async blocks, so nothing of the
+/// release is sent before the wait is over.
+async fn round(
+    waiting: impl Future<Output = Res<Instant>>,
+    release: impl Future<Output = Res<()>>,
+) -> Res<Duration> {
+    let releasing = async {
+        sleep(QUEUED).await;
+        let at = Instant::now();
+        release.await?;
+        Ok(at)
+    };
+    let (held, released) = tokio::try_join!(waiting, releasing)?;
+    Ok(held - released)
 }
