@@ -60,6 +60,7 @@ pub use name::LockName;
 pub use owner::Owner;
 pub use redact::redact_url;
 pub use token::{FencingToken, OwnerToken};
+pub use watchdog::MAX_BATCH as MAX_RENEW_BATCH;
 
 /// Re-exported so backends implement [`LockBackend`] with the same macro.
 pub use async_trait::async_trait;

@@ -52,9 +52,9 @@ use crate::observe;
 /// nothing.
 const IDLE: Duration = Duration::from_secs(1);
 
-/// The most leases handed to one `renew_many` call: bounds one request's
+/// The most leases the watchdog hands to one `renew_many` call: bounds one request's
 /// size (and the leases a single slow answer can delay).
-pub(crate) const MAX_BATCH: usize = 256;
+pub const MAX_BATCH: usize = 256;
 
 /// The renewal scheduler of one locker.
 #[derive(Default)]
