@@ -72,10 +72,11 @@
 //! still holds our token), and hands the lease out only when a majority
 //! holds the lock with counter T. A node that returned T needs no
 //! write-back, so when counters are in step (every node returned T, as
-//! after any earlier write-back) the acquire is one round trip. A later acquire needs a majority of its own, and any two
-//! majorities of the same N nodes share at least one node: that node's
-//! counter is at least T, its grant increments it, and the later token (a
-//! maximum that includes it) is larger than T. The counter is never reset
+//! after any earlier write-back) the acquire is one round trip. A later
+//! acquire needs a majority of its own, and any two majorities of the
+//! same N nodes share at least one node: that node's counter is at least
+//! T, its grant increments it, and the later token (a maximum that
+//! includes it) is larger than T. The counter is never reset
 //! by release, and a missing counter starts at the node's clock in
 //! microseconds, as in the `plain` format.
 //!
