@@ -227,19 +227,20 @@ impl Layout {
     pub(crate) fn keys(&self, name: &LockName) -> Result<LockKeys, LockError> {
         match self.format {
             Format::Plain => {
-                let lock = format!("{}{}", self.prefix, name.as_str());
+                let lock = join(&[&self.prefix, name.as_str()]);
                 if lock.starts_with(AUX) {
                     return Err(aux_refused(&lock));
                 }
                 let beside = beside(&lock);
+                let b = beside.as_str();
                 Ok(LockKeys {
-                    fence: format!("{AUX}{beside}"),
-                    channel: format!("{AUX}released:{beside}"),
-                    bookkeeping: format!("{AUX}{beside}"),
-                    queue: format!("{AUX}queue:{beside}"),
-                    queue_deadlines: format!("{AUX}queue-deadlines:{beside}"),
-                    queue_waiters: format!("{AUX}queue-waiters:{beside}"),
-                    wake_prefix: format!("{AUX}wake:{beside}:"),
+                    fence: join(&[AUX, b]),
+                    channel: join(&[AUX, "released:", b]),
+                    bookkeeping: join(&[AUX, b]),
+                    queue: join(&[AUX, "queue:", b]),
+                    queue_deadlines: join(&[AUX, "queue-deadlines:", b]),
+                    queue_waiters: join(&[AUX, "queue-waiters:", b]),
+                    wake_prefix: join(&[AUX, "wake:", b, ":"]),
                     lock,
                 })
             }
@@ -248,16 +249,18 @@ impl Layout {
                 if n.starts_with(AUX) {
                     return Err(aux_refused(n));
                 }
+                let beside = beside(n);
+                let b = beside.as_str();
                 let keys = LockKeys {
                     lock: n.to_string(),
-                    fence: format!("redisson_lock_token:{{{n}}}"),
-                    channel: format!("redisson_lock__channel:{{{n}}}"),
-                    bookkeeping: format!("{REDISSON_BOOK}{}", beside(n)),
+                    fence: join(&["redisson_lock_token:{", n, "}"]),
+                    channel: join(&["redisson_lock__channel:{", n, "}"]),
+                    bookkeeping: join(&[REDISSON_BOOK, b]),
                     // Unused: fair mode needs the plain format.
-                    queue: format!("{REDISSON_BOOK}queue:{}", beside(n)),
-                    queue_deadlines: format!("{REDISSON_BOOK}queue-deadlines:{}", beside(n)),
-                    queue_waiters: format!("{REDISSON_BOOK}queue-waiters:{}", beside(n)),
-                    wake_prefix: format!("{REDISSON_BOOK}wake:{}:", beside(n)),
+                    queue: join(&[REDISSON_BOOK, "queue:", b]),
+                    queue_deadlines: join(&[REDISSON_BOOK, "queue-deadlines:", b]),
+                    queue_waiters: join(&[REDISSON_BOOK, "queue-waiters:", b]),
+                    wake_prefix: join(&[REDISSON_BOOK, "wake:", b, ":"]),
                 };
                 if self.cluster && slot(&keys.lock) != slot(&keys.fence) {
                     return Err(LockError::InvalidName {
@@ -330,10 +333,22 @@ impl Layout {
 fn beside(key: &str) -> String {
     let tag = cluster_tag(key);
     if tag == key {
-        format!("{{{tag}}}")
+        join(&["{", &tag, "}"])
     } else {
-        format!("{{{tag}}}:{key}")
+        join(&["{", &tag, "}:", key])
     }
+}
+
+/// `parts` end to end, in one allocation of the exact size. Every lock
+/// operation builds its keys anew, and through `format!` (which grows its
+/// buffer as it goes) that was a third of the client's instructions per
+/// acquire + release (callgrind, 64 tasks on distinct names).
+fn join(parts: &[&str]) -> String {
+    let mut s = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for p in parts {
+        s.push_str(p);
+    }
+    s
 }
 
 fn aux_refused(key: &str) -> LockError {
@@ -469,9 +484,23 @@ mod tests {
         assert_eq!(k.lock, "reports/nightly");
         assert_eq!(k.fence, "__polylock__:{reports/nightly}");
         assert_eq!(k.channel, "__polylock__:released:{reports/nightly}");
+        assert_eq!(k.bookkeeping, k.fence);
+        // The fair mode's keys are shared by every client version on the
+        // lock: pinned, byte for byte.
+        assert_eq!(k.queue, "__polylock__:queue:{reports/nightly}");
+        assert_eq!(
+            k.queue_deadlines,
+            "__polylock__:queue-deadlines:{reports/nightly}"
+        );
+        assert_eq!(
+            k.queue_waiters,
+            "__polylock__:queue-waiters:{reports/nightly}"
+        );
+        assert_eq!(k.wake_prefix, "__polylock__:wake:{reports/nightly}:");
         // A name's own tag is kept, and the full key follows it.
         let k = l.keys(&LockName::new("{user1}.lock").unwrap()).unwrap();
         assert_eq!(k.fence, "__polylock__:{user1}:{user1}.lock");
+        assert_eq!(k.wake_prefix, "__polylock__:wake:{user1}:{user1}.lock:");
         // A prefix only when asked for.
         let p = layout(Format::Plain, false, "app:");
         let k = p.keys(&LockName::new("job").unwrap()).unwrap();
