@@ -75,6 +75,37 @@ fn parallel_gap(p: &super::Parallel) -> String {
     why
 }
 
+/// The fair mode's rate taken apart with the same run's figures. One
+/// worker holds at a time, so each acquisition costs the hold plus the time
+/// from that hold's end to the next one's start (release, grant, wake-up);
+/// the target's rate leaves a budget for the latter, compared here with the
+/// hand-off measured in the same rounds and with the service's own floor
+/// (the raw hand-off between two clients).
+fn fair_gap(c: &super::Contention, raw_handoff: Option<&Summary>) -> String {
+    let per_acq = 1e6 / c.acquisitions_per_s.max(f64::MIN_POSITIVE);
+    let between = per_acq - c.hold_actual_us;
+    let budget = 1e6 / 850.0 - c.hold_actual_us;
+    let mut why = format!(
+        "each acquisition took {per_acq:.0} µs: the hold ({:.0} µs) and {between:.0} µs from one \
+         hold's end to the next's start (the releaser re-acquired {:.0}%, so nearly every \
+         acquisition is a hand-off to the queue's head: the release script, which grants the \
+         lock to the head and publishes on its own channel, then the head's wake-up; hand-off \
+         p50 {}, p99 {}); 850 acq/s leaves {budget:.0} µs for that",
+        c.hold_actual_us,
+        c.releaser_reacquired * 100.0,
+        ms(c.handoff.p50_us),
+        ms(c.handoff.p99_us),
+    );
+    if let Some(raw) = raw_handoff {
+        why.push_str(&format!(
+            ", and the same hand-off through the raw driver (DEL + PUBLISH, then the \
+             subscriber's SET NX PX, between two idle clients) took {} p50 in this run",
+            ms(raw.p50_us)
+        ));
+    }
+    why
+}
+
 /// The uncontended gap taken apart with the same run's figures: the
 /// backend's own requests (trait called directly) against raw, the server's
 /// share of that where it is measured, and the lock layer around them.
@@ -167,7 +198,11 @@ pub fn verdicts(r: &Report) -> Vec<Verdict> {
                 ms(c.wait.max_us)
             ),
             Some(ok),
-            if ok { "" } else { "not profiled in this run" },
+            &if ok {
+                String::new()
+            } else {
+                fair_gap(c, find(r, "redis-fair").and_then(|b| b.handoff.raw.as_ref()))
+            },
         ));
     }
     if let Some(c) = find(r, "redis").and_then(|b| b.contention.iter().find(|c| c.hold_ms == 1)) {
@@ -692,7 +727,10 @@ pub fn markdown(r: &Report) -> String {
          - Many tasks: that many tasks, each on its own name, share one client (one `Locker`, one \
          raw connection or pool); polylock, raw and the backend trait called directly take turns \
          in three rounds each, and the bench process's CPU time (user + system, `getrusage`) is \
-         read around every round: the client's CPU per cycle.\n\
+         read around every round: the client's CPU per cycle. To see where a cycle's \
+         instructions go, `lab/examples/cycles.rs` runs a fixed number of the same cycles \
+         (polylock or the backend trait alone) under `valgrind --tool=callgrind`, whose counts \
+         do not move with the machine's load.\n\
          - Contention: each worker has its own client and loops acquire (wait) → hold → release. \
          Hand-off: from the start of a release to another worker's acquire returning. Wait: from \
          asking to holding. The hold is busy (yielding) rather than a timer sleep, \
@@ -754,4 +792,39 @@ pub fn machine() -> String {
         mem_kb as f64 / 1_048_576.0,
         kernel.trim()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn the_fair_verdict_splits_each_acquisition_into_hold_and_hand_off() {
+        let us = |v: &[u64]| {
+            Summary::of(
+                &v.iter()
+                    .map(|&u| Duration::from_micros(u))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let c = super::super::Contention {
+            workers: 8,
+            hold_ms: 1,
+            hold_actual_us: 1000.0,
+            acquisitions_per_s: 800.0,
+            handoff: us(&[200, 210, 900]),
+            wait: us(&[5000]),
+            releaser_reacquired: 0.0,
+            transient_errors: 0,
+        };
+        let why = fair_gap(&c, Some(&us(&[150])));
+        assert!(why.contains("each acquisition took 1250 µs"), "{why}");
+        assert!(why.contains("and 250 µs from one hold's end"), "{why}");
+        assert!(why.contains("850 acq/s leaves 176 µs"), "{why}");
+        assert!(why.contains("hand-off p50 210 µs, p99 900 µs"), "{why}");
+        assert!(why.contains("took 150 µs p50 in this run"), "{why}");
+        assert!(!fair_gap(&c, None).contains("raw driver"));
+    }
 }
