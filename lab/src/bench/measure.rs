@@ -238,6 +238,10 @@ pub struct Parallel {
     /// Where the server's command thread can be measured (Redis: see
     /// `Target::server_cpu_us`), its CPU time per cycle.
     pub server: Option<ServerCpu>,
+    /// The wall time per cycle (all tasks together) of each round, per
+    /// side, in µs: how much the machine moved the figures between
+    /// interleaved rounds, so that a split of the gap can be told from noise.
+    pub round_means_us: RoundMeans,
 }
 
 /// The bench process's CPU (user + system, every thread) per cycle during
@@ -271,19 +275,22 @@ pub(crate) async fn parallel(
     d: Duration,
 ) -> Res<Parallel> {
     use Side::*;
-    let rounds = 3;
-    let per = d / (3 * rounds as u32);
+    // Six rounds (each order twice) give a spread to judge a split of the
+    // gap by; a round shorter than 100 ms is mostly its ramp-up and drain.
+    let rounds = 6;
+    let per = (d / (3 * rounds as u32)).max(Duration::from_millis(100));
     // Per side (polylock, raw, backend): wall time, cycles, server CPU µs,
     // this process's CPU µs.
     let mut spent = [(0.0f64, 0u64, 0.0f64, 0.0f64); 3];
+    let mut means = [Vec::new(), Vec::new(), Vec::new()];
     let mut server_measured = true;
     let orders = [
         [Polylock, Raw, Backend],
         [Raw, Backend, Polylock],
         [Backend, Polylock, Raw],
     ];
-    for order in orders.iter().take(rounds) {
-        for &side in order {
+    for r in 0..rounds {
+        for side in orders[r % 3] {
             let cpu_before = t.server_cpu_us().await?;
             let client_before = client_cpu_us()?;
             let done = Arc::new(AtomicU64::new(0));
@@ -308,9 +315,14 @@ pub(crate) async fn parallel(
             for h in handles {
                 h.await.map_err(|e| e.to_string())??;
             }
+            let (wall, n) = (
+                started.elapsed().as_secs_f64(),
+                done.load(Ordering::Relaxed),
+            );
+            means[side as usize].push(wall * 1e6 / n.max(1) as f64);
             let m = &mut spent[side as usize];
-            m.0 += started.elapsed().as_secs_f64();
-            m.1 += done.load(Ordering::Relaxed);
+            m.0 += wall;
+            m.1 += n;
             m.3 += client_cpu_us()? - client_before;
             match (cpu_before, t.server_cpu_us().await?) {
                 (Some(a), Some(b)) => m.2 += b - a,
@@ -321,6 +333,7 @@ pub(crate) async fn parallel(
     let rate = |(wall, n, _, _): (f64, u64, f64, f64)| n as f64 / wall.max(f64::MIN_POSITIVE);
     let per_cycle = |us: f64, n: u64| us / n.max(1) as f64;
     let [p, r, b] = spent;
+    let [polylock_means, raw_means, backend_means] = means;
     Ok(Parallel {
         tasks,
         polylock_per_s: rate(p),
@@ -337,6 +350,11 @@ pub(crate) async fn parallel(
             raw_us_per_cycle: per_cycle(r.2, r.1),
             polylock_busy: p.2 / 1e6 / p.0.max(f64::MIN_POSITIVE),
         }),
+        round_means_us: RoundMeans {
+            polylock: polylock_means,
+            raw: raw_means,
+            backend: backend_means,
+        },
     })
 }
 

@@ -44,15 +44,23 @@ fn parallel_gap(p: &super::Parallel) -> String {
     let backend = us(p.backend_per_s) - us(p.raw_per_s);
     let layer = us(p.polylock_per_s) - us(p.backend_per_s);
     let c = &p.client_cpu;
+    let m = &p.round_means_us;
+    let se = super::measure::RoundMeans::std_error_of_difference;
     let mut why = format!(
-        "{:.1} µs more per cycle than raw ({:.0} vs {:.0} cycles/s): the backend's own requests \
-         (the trait called directly, {:.0} cycles/s) {backend:+.1} µs, the lock layer {layer:+.1} µs; \
-         this process's CPU per cycle: polylock {:.1} µs, backend alone {:.1} µs, raw {:.1} µs \
-         (client and server share the machine's cores, so client CPU is taken from the server too)",
+        "{:.1} ± {:.1} µs more per cycle than raw ({:.0} vs {:.0} cycles/s): the backend's own \
+         requests (the trait called directly, {:.0} cycles/s) {backend:+.1} ± {:.1} µs, the lock \
+         layer {layer:+.1} ± {:.1} µs (± is one standard error over the {} interleaved rounds: a \
+         part within about two of them is the machine's noise, not a cost); this process's CPU \
+         per cycle: polylock {:.1} µs, backend alone {:.1} µs, raw {:.1} µs (client and server \
+         share the machine's cores, so client CPU is taken from the server too)",
         gap,
+        se(&m.polylock, &m.raw),
         p.polylock_per_s,
         p.raw_per_s,
         p.backend_per_s,
+        se(&m.backend, &m.raw),
+        se(&m.polylock, &m.backend),
+        m.polylock.len(),
         c.polylock_us_per_cycle,
         c.backend_us_per_cycle,
         c.raw_us_per_cycle,
@@ -726,7 +734,8 @@ pub fn markdown(r: &Report) -> String {
          the standard errors of the targets table.\n\
          - Many tasks: that many tasks, each on its own name, share one client (one `Locker`, one \
          raw connection or pool); polylock, raw and the backend trait called directly take turns \
-         in three rounds each, and the bench process's CPU time (user + system, `getrusage`) is \
+         in six rounds each (at least 100 ms long; the rounds' spread gives the standard errors \
+         of the targets table), and the bench process's CPU time (user + system, `getrusage`) is \
          read around every round: the client's CPU per cycle. To see where a cycle's \
          instructions go, `lab/examples/cycles.rs` runs a fixed number of the same cycles \
          (polylock or the backend trait alone) under `valgrind --tool=callgrind`, whose counts \
@@ -826,5 +835,41 @@ mod tests {
         assert!(why.contains("hand-off p50 210 µs, p99 900 µs"), "{why}");
         assert!(why.contains("took 150 µs p50 in this run"), "{why}");
         assert!(!fair_gap(&c, None).contains("raw driver"));
+    }
+
+    #[test]
+    fn the_many_tasks_verdict_gives_each_part_of_the_gap_its_standard_error() {
+        use super::super::measure::{ClientCpu, RoundMeans};
+        // Per-round µs per cycle: raw steady at 100, the backend 110 ± 1,
+        // polylock swinging 100..140 around 120.
+        let p = super::super::Parallel {
+            tasks: 64,
+            polylock_per_s: 1e6 / 120.0,
+            raw_per_s: 1e6 / 100.0,
+            ratio: 100.0 / 120.0,
+            backend_per_s: 1e6 / 110.0,
+            client_cpu: ClientCpu {
+                polylock_us_per_cycle: 60.0,
+                backend_us_per_cycle: 55.0,
+                raw_us_per_cycle: 50.0,
+            },
+            server: None,
+            round_means_us: RoundMeans {
+                polylock: vec![100.0, 140.0, 100.0, 140.0],
+                raw: vec![100.0; 4],
+                backend: vec![109.0, 111.0, 109.0, 111.0],
+            },
+        };
+        let why = parallel_gap(&p);
+        // The polylock rounds' sample sd is 23.1, over 4 rounds 11.5.
+        assert!(
+            why.contains("20.0 ± 11.5 µs more per cycle than raw"),
+            "{why}"
+        );
+        assert!(
+            why.contains("+10.0 ± 0.6 µs, the lock layer +10.0 ± 11.6 µs"),
+            "{why}"
+        );
+        assert!(why.contains("over the 4 interleaved rounds"), "{why}");
     }
 }
