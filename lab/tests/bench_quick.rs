@@ -94,6 +94,17 @@ fn quick_run_writes_the_report_with_sane_numbers() {
                 "{want}: client CPU {us} µs per {side} cycle"
             );
         }
+        // Each side's per-round times, which the verdict's ± comes from.
+        for side in ["polylock", "backend", "raw"] {
+            let means = b["parallel"]["round_means_us"][side]
+                .as_array()
+                .unwrap_or_else(|| panic!("{want}: no {side} round means"));
+            assert_eq!(means.len(), 6, "{want}: {side} round means");
+            assert!(
+                means.iter().all(|m| m.as_f64().is_some_and(|us| us > 0.0)),
+                "{want}: {side} round means {means:?}"
+            );
+        }
         // Two clients, one queued: every round is a hand-off.
         let rounds = num(b, &["handoff", "rounds"]);
         assert!(rounds >= 20.0, "{want}: hand-off rounds");
