@@ -37,6 +37,7 @@ fn quick_run_writes_the_report_with_sane_numbers() {
         &std::fs::read_to_string(out.path().join("performance.json")).unwrap(),
     )
     .unwrap();
+    let md = std::fs::read_to_string(out.path().join("performance.md")).unwrap();
     let report = &json["report"];
     let measured = report["backends"].as_array().unwrap();
     assert_eq!(measured.len(), backends.len());
@@ -119,6 +120,20 @@ fn quick_run_writes_the_report_with_sane_numbers() {
             assert_eq!(num(raw, &["count"]), rounds, "{want}: raw hand-offs");
             assert!(num(raw, &["p50_us"]) > 0.0, "{want}: {raw}");
         }
+        // The machine's load over this backend: the bench itself kept a
+        // core busy part of the time, and no share exceeds the whole.
+        let busy = num(b, &["load", "busy"]);
+        let stolen = num(b, &["load", "stolen"]);
+        assert!(
+            busy > 0.0 && busy + stolen <= 1.0,
+            "{want}: load {}",
+            b["load"]
+        );
+        assert!(stolen >= 0.0, "{want}");
+        assert!(
+            md.contains(&format!("  - {want}: busy {:.0}%, stolen", busy * 100.0)),
+            "{want}: performance.md states the load"
+        );
         let contention = b["contention"].as_array().unwrap();
         assert_eq!(contention.len(), 2, "hold 0 and 1 ms");
         for c in contention {
@@ -173,7 +188,6 @@ fn quick_run_writes_the_report_with_sane_numbers() {
         );
         assert!(svg.trim_end().ends_with("</svg>"));
     }
-    let md = std::fs::read_to_string(out.path().join("performance.md")).unwrap();
     for needle in [
         "Machine:",
         "Date:",

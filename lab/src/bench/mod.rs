@@ -11,6 +11,7 @@
 //! measures; [`output`] writes the table, JSON, SVG charts and
 //! docs/performance.md from the measurements alone.
 
+mod load;
 mod measure;
 pub mod output;
 mod stats;
@@ -20,6 +21,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+pub use load::MachineLoad;
 pub use measure::{ClientCpu, Contention, Cycle, Handoff, Held, Parallel, RoundMeans, ServerCpu};
 pub use stats::{Summary, CDF_POINTS};
 pub use target::ALL as BACKENDS;
@@ -121,6 +123,9 @@ pub struct BackendReport {
     /// Whether the client declares batched renewals
     /// (`Guarantees::batch_renew`).
     pub batch_renew: bool,
+    /// How loaded the machine was over these measurements; `None` where
+    /// the kernel's counters cannot be read.
+    pub load: Option<MachineLoad>,
 }
 
 /// One run.
@@ -150,6 +155,7 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
     for (i, name) in opts.backends.iter().enumerate() {
         let step = |what: &str| progress(&format!("[{}/{n}] {name}: {what}", i + 1));
         step("starting the server");
+        let cpu_before = load::CpuTimes::now();
         let t = target::Target::start(name).await?;
         let locker = polylock::connect(&t.url)
             .await
@@ -179,6 +185,9 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
         }
         let batch_renew = locker.guarantees().batch_renew;
         drop(locker);
+        let load = cpu_before
+            .zip(load::CpuTimes::now())
+            .and_then(|(a, b)| a.until(b));
         out.push(BackendReport {
             backend: name.clone(),
             server,
@@ -188,6 +197,7 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
             contention,
             held,
             batch_renew,
+            load,
         });
     }
     progress("done");

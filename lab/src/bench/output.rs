@@ -570,6 +570,23 @@ pub fn markdown(r: &Report) -> String {
     for b in &r.backends {
         let _ = writeln!(s, "  - {}: {}", b.backend, b.server);
     }
+    let _ = writeln!(
+        s,
+        "- The machine's CPU while each backend was measured (all cores; busy is this bench, its \
+         server and anything else; stolen is time the host gave to other guests):"
+    );
+    for b in &r.backends {
+        let _ = match b.load {
+            Some(l) => writeln!(
+                s,
+                "  - {}: busy {:.0}%, stolen {:.1}%",
+                b.backend,
+                l.busy * 100.0,
+                l.stolen * 100.0
+            ),
+            None => writeln!(s, "  - {}: not known (no /proc/stat)", b.backend),
+        };
+    }
     let _ = writeln!(s, "\n## Uncontended cycle and many tasks\n");
     let _ = writeln!(
         s,
