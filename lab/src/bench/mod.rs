@@ -123,8 +123,9 @@ pub struct BackendReport {
     /// Whether the client declares batched renewals
     /// (`Guarantees::batch_renew`).
     pub batch_renew: bool,
-    /// How loaded the machine was over these measurements; `None` where
-    /// the kernel's counters cannot be read.
+    /// How loaded the machine was over the timed measurements (cycle, many
+    /// tasks, hand-off, contention); `None` where the kernel's counters
+    /// cannot be read.
     pub load: Option<MachineLoad>,
 }
 
@@ -155,13 +156,13 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
     for (i, name) in opts.backends.iter().enumerate() {
         let step = |what: &str| progress(&format!("[{}/{n}] {name}: {what}", i + 1));
         step("starting the server");
-        let cpu_before = load::CpuTimes::now();
         let t = target::Target::start(name).await?;
         let locker = polylock::connect(&t.url)
             .await
             .map_err(|e| format!("{name}: {e}"))?;
         let server = t.server_version().await?;
         step("uncontended cycle vs raw");
+        let cpu_before = load::CpuTimes::now();
         let cycle = measure::cycle(&t, &locker, opts.duration).await?;
         step(&format!("{} tasks on distinct names vs raw", opts.tasks));
         let parallel = measure::parallel(&t, &locker, opts.tasks, opts.duration).await?;
@@ -178,6 +179,11 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
                     .await?,
             );
         }
+        // The held-lock phase mostly waits out a TTL: left out, it would
+        // dilute the load of the timed measurements above.
+        let load = cpu_before
+            .zip(load::CpuTimes::now())
+            .and_then(|(a, b)| a.until(b));
         let mut held = Vec::new();
         for locks in [(opts.held_locks / 100).max(1), opts.held_locks] {
             step(&format!("{locks} locks held"));
@@ -185,9 +191,6 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
         }
         let batch_renew = locker.guarantees().batch_renew;
         drop(locker);
-        let load = cpu_before
-            .zip(load::CpuTimes::now())
-            .and_then(|(a, b)| a.until(b));
         out.push(BackendReport {
             backend: name.clone(),
             server,

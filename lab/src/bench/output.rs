@@ -572,8 +572,8 @@ pub fn markdown(r: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "- The machine's CPU while each backend was measured (all cores; busy is this bench, its \
-         server and anything else; stolen is time the host gave to other guests):"
+        "- The machine's CPU during each backend's timed measurements (all cores; busy is this \
+         bench, its server and anything else; stolen is time the host gave to other guests):"
     );
     for b in &r.backends {
         let _ = match b.load {
