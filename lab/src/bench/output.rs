@@ -846,14 +846,14 @@ fn load_note(load: Option<MachineLoad>) -> String {
     }
 }
 
-/// Why etcd's hold-0 run was slower than its hold-1 run, from the two
-/// runs' hand-offs: a hand-off that waits for the watch's slow path (etcd
-/// syncs a watch that starts in the past every 100 ms) shows in the tail.
+/// The two etcd contention runs' hand-offs side by side, for a hold-0 run
+/// slower than the hold-1 one: whether the whole distribution moved (load)
+/// or a tail did (a wake-up that came late, as the watch that started at a
+/// past revision once did, queue.rs) shows in p50 against p99 and max.
 fn etcd_hold_gap(h0: &Contention, h1: &Contention) -> String {
     format!(
         "hand-off between workers with hold 0 ms: p50 {}, p99 {}, max {}; with hold 1 ms: p50 {}, \
-         p99 {}, max {} (a tail near 100 ms is etcd's catch-up of a watch that starts at a past \
-         revision)",
+         p99 {}, max {}",
         ms(h0.handoff.p50_us),
         ms(h0.handoff.p99_us),
         ms(h0.handoff.max_us),
