@@ -869,15 +869,17 @@ mod tests {
 
     use super::*;
 
+    /// A summary of these times in µs.
+    fn us(v: &[u64]) -> Summary {
+        Summary::of(
+            &v.iter()
+                .map(|&u| Duration::from_micros(u))
+                .collect::<Vec<_>>(),
+        )
+    }
+
     #[test]
     fn the_fair_verdict_splits_each_acquisition_into_hold_and_hand_off() {
-        let us = |v: &[u64]| {
-            Summary::of(
-                &v.iter()
-                    .map(|&u| Duration::from_micros(u))
-                    .collect::<Vec<_>>(),
-            )
-        };
         let c = super::super::Contention {
             workers: 8,
             hold_ms: 1,
@@ -899,13 +901,6 @@ mod tests {
 
     #[test]
     fn a_slower_etcd_hold_0_is_explained_by_both_runs_hand_offs_and_the_machine_load() {
-        let us = |v: &[u64]| {
-            Summary::of(
-                &v.iter()
-                    .map(|&u| Duration::from_micros(u))
-                    .collect::<Vec<_>>(),
-            )
-        };
         let run = |hold_ms, handoff: &[u64]| Contention {
             workers: 8,
             hold_ms,
