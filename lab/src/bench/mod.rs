@@ -179,7 +179,7 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
                     .await?,
             );
         }
-        // The held-lock phase mostly waits out a TTL: left out, it would
+        // The held-lock phase mostly waits out a TTL: counted, it would
         // dilute the load of the timed measurements above.
         let load = cpu_before
             .zip(load::CpuTimes::now())
