@@ -29,10 +29,10 @@ pub(crate) struct Held {
     /// The current lease; the watchdog publishes each renewal here.
     pub(crate) lease: watch::Sender<Lease>,
     /// Fired once the lease is lost or its last hold starts to release: the
-    /// holder must stop.
+    /// holder must stop, and so must the watchdog's renewals of it. One
+    /// token for both because they always end together, and a token costs
+    /// an allocation to make and a wake-up pass to fire on every holding.
     pub(crate) gone: CancellationToken,
-    /// Stops the watchdog.
-    pub(crate) stop: CancellationToken,
     state: Mutex<HoldState>,
     /// The owner's registry, for reentrant holders.
     registry: Option<Weak<Registry>>,
@@ -68,7 +68,6 @@ impl Held {
             backend_name,
             lease: watch::Sender::new(lease),
             gone: CancellationToken::new(),
-            stop: CancellationToken::new(),
             state: Mutex::new(HoldState {
                 holds: 1,
                 lost: false,
@@ -83,9 +82,9 @@ impl Held {
             // The backend learnt on its own that the lease is gone (a
             // closed session, a keepalive answering TTL 0): the guard turns
             // lost now, not at its next renewal. The task ends with the
-            // watchdog's stop, so it never outlives the holding.
+            // holding, so it never outlives it.
             let weak = Arc::downgrade(&held);
-            let stop = held.stop.clone();
+            let stop = held.gone.clone();
             rt.spawn(async move {
                 tokio::select! {
                     _ = revoked.cancelled() => {
@@ -160,16 +159,16 @@ impl Held {
         if s.holds > 0 {
             return None;
         }
-        self.stop.cancel();
         if let Some(w) = s.watchdog.take() {
             w.abort();
         }
         drop(s);
         self.gone.cancel();
+        let lease = self.current();
         if let Some(reg) = self.registry.as_ref().and_then(Weak::upgrade) {
-            reg.remove(backend_id(&self.backend), self.current().name(), self);
+            reg.remove(backend_id(&self.backend), lease.name(), self);
         }
-        Some(self.current())
+        Some(lease)
     }
 
     /// Records that the lease is gone while still held; fires `lost()`.
@@ -191,7 +190,6 @@ impl Held {
             );
             observe::lost(self.backend_name);
         }
-        self.stop.cancel();
         self.gone.cancel();
     }
 
@@ -207,12 +205,17 @@ impl Held {
         if self.gone.is_cancelled() {
             return false;
         }
-        let lease = self.current();
-        if lease.is_expired() {
+        // Checked on a borrow, not a clone: this runs several times per
+        // holding. The borrow ends before mark_lost reads the lease again.
+        let (expired, revoked) = {
+            let lease = self.lease.borrow();
+            (lease.is_expired(), lease.is_revoked())
+        };
+        if expired {
             self.mark_lost("local deadline passed without a renewal");
             return false;
         }
-        if lease.is_revoked() {
+        if revoked {
             self.mark_lost("the backend revoked the lease");
             return false;
         }
@@ -257,14 +260,15 @@ impl Held {
             return Err(self.lost_error());
         }
         let lease = self.current();
-        let span = tracing::debug_span!(
+        let span = observe::span!(
+            DEBUG,
             "polylock.renew",
             backend = self.backend_name,
             name = %lease.name(),
             fence = lease.fence().get(),
         );
         let attempt = tokio::select! {
-            _ = self.stop.cancelled() => return Err(self.lost_error()),
+            _ = self.gone.cancelled() => return Err(self.lost_error()),
             r = timeout_at(lease.deadline(), self.backend.renew(&lease)).instrument(span) => r,
         };
         match attempt {
@@ -334,7 +338,8 @@ impl Held {
         let was_lost = self.is_lost() || lease.is_expired() || lease.is_revoked();
         // Normally fired by drop_hold already; a no-op then.
         self.gone.cancel();
-        let span = tracing::debug_span!(
+        let span = observe::span!(
+            DEBUG,
             "polylock.release",
             backend = self.backend_name,
             name = %lease.name(),

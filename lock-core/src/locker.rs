@@ -397,7 +397,8 @@ impl LockBuilder {
 
         let backend = &self.locker.backend;
         let backend_name = backend.guarantees().backend;
-        let span = tracing::info_span!(
+        let span = observe::span!(
+            INFO,
             "polylock.acquire",
             backend = backend_name,
             name = %req.name,

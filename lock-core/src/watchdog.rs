@@ -21,7 +21,7 @@
 //! deadline (a lease whose batch failed is retried on its own); then, or at
 //! once when the backend says the lease is no longer ours, the lease is
 //! marked lost. Release, drop of the last guard and loss cancel
-//! `held.stop`: the lease is skipped from then on and its own in-flight
+//! `held.gone`: the lease is skipped from then on and its own in-flight
 //! renewal is aborted, so renewals never outlive the guards. A batch in
 //! flight is not aborted for one released lease (that would delay the
 //! others): its answer for that lease is dropped, and since renewals are
@@ -133,16 +133,19 @@ fn lock(inner: &Inner) -> std::sync::MutexGuard<'_, State> {
 }
 
 fn schedule(inner: &Arc<Inner>, held: &Arc<Held>) {
-    let lease = held.current();
-    let at = lease.sent_at() + lease.ttl() / 3;
-    let early = lease.sent_at() + lease.ttl() / 4;
+    let (sent_at, ttl) = {
+        let lease = held.lease.borrow();
+        (lease.sent_at(), lease.ttl())
+    };
+    let at = sent_at + ttl / 3;
+    let early = sent_at + ttl / 4;
     let mut st = lock(inner);
     // Released leases stay queued until their renewal time comes round;
     // with many short holdings that adds up, so sweep them out once the
     // queue has doubled since the last sweep (amortized O(1) per push).
     if st.queue.len() >= 2 * st.swept_len.max(512) {
         st.queue
-            .retain(|Reverse(e)| e.held.upgrade().is_some_and(|h| !h.stop.is_cancelled()));
+            .retain(|Reverse(e)| e.held.upgrade().is_some_and(|h| !h.gone.is_cancelled()));
         st.swept_len = st.queue.len();
     }
     let id = st.next_id;
@@ -198,7 +201,7 @@ impl Drop for Restart {
             st.queue
                 .iter()
                 .filter_map(|Reverse(e)| e.held.upgrade())
-                .filter(|h| !h.stop.is_cancelled())
+                .filter(|h| !h.gone.is_cancelled())
                 .filter_map(|h| h.runtime.clone())
                 .collect()
         };
@@ -261,7 +264,7 @@ async fn run(inner: Weak<Inner>, generation: u64) {
         let live = due
             .iter()
             .filter_map(Weak::upgrade)
-            .filter(|h| !h.stop.is_cancelled());
+            .filter(|h| !h.gone.is_cancelled());
         for group in batches(live) {
             match <[Arc<Held>; 1]>::try_from(group) {
                 Ok([held]) => {
@@ -324,7 +327,7 @@ async fn renew(inner: Arc<Inner>, held: Arc<Held>) {
 /// batch) goes on alone, retried until its own deadline.
 async fn renew_batch(inner: Arc<Inner>, mut group: Vec<Arc<Held>>) {
     // Released since the scheduler took them: not sent at all.
-    group.retain(|h| !h.stop.is_cancelled());
+    group.retain(|h| !h.gone.is_cancelled());
     if group.is_empty() {
         return;
     }
@@ -336,7 +339,8 @@ async fn renew_batch(inner: Arc<Inner>, mut group: Vec<Arc<Held>>) {
         .map(crate::Lease::deadline)
         .min()
         .unwrap_or_else(Instant::now);
-    let span = tracing::debug_span!(
+    let span = observe::span!(
+        DEBUG,
         "polylock.renew_many",
         backend = group[0].backend_name,
         leases = leases.len(),
@@ -349,7 +353,7 @@ async fn renew_batch(inner: Arc<Inner>, mut group: Vec<Arc<Held>>) {
     requeue.disarm();
     let Some(answers) = answers else {
         for held in group {
-            if !held.stop.is_cancelled() {
+            if !held.gone.is_cancelled() {
                 observe::renew_failed(held.backend_name);
                 retry_alone(&inner, held);
             }
@@ -357,12 +361,12 @@ async fn renew_batch(inner: Arc<Inner>, mut group: Vec<Arc<Held>>) {
         return;
     };
     for (held, answer) in group.into_iter().zip(answers) {
-        if held.stop.is_cancelled() {
+        if held.gone.is_cancelled() {
             continue;
         }
         match answer {
             Ok(renewed) => {
-                if held.publish_renewal(renewed).is_ok() && !held.stop.is_cancelled() {
+                if held.publish_renewal(renewed).is_ok() && !held.gone.is_cancelled() {
                     schedule(&inner, &held);
                 }
             }
@@ -422,7 +426,7 @@ impl Drop for Requeue {
             .held
             .iter()
             .filter_map(Weak::upgrade)
-            .filter(|h| !h.stop.is_cancelled())
+            .filter(|h| !h.gone.is_cancelled())
             .collect();
         let Some(first) = live.first() else {
             return;
@@ -460,14 +464,15 @@ async fn renew_until_deadline(inner: Arc<Inner>, held: Arc<Held>) {
             held.mark_lost("renewal kept failing until the deadline");
             return;
         }
-        let span = tracing::debug_span!(
+        let span = observe::span!(
+            DEBUG,
             "polylock.renew",
             backend = held.backend_name,
             name = %lease.name(),
             fence = lease.fence().get(),
         );
         let attempt = tokio::select! {
-            _ = held.stop.cancelled() => return,
+            _ = held.gone.cancelled() => return,
             r = timeout_at(deadline, held.backend.renew(&lease)).instrument(span) => r,
         };
         match attempt {
@@ -478,7 +483,7 @@ async fn renew_until_deadline(inner: Arc<Inner>, held: Arc<Held>) {
                     fence = renewed.fence().get(),
                     "polylock: renewed"
                 );
-                if held.publish_renewal(renewed).is_ok() && !held.stop.is_cancelled() {
+                if held.publish_renewal(renewed).is_ok() && !held.gone.is_cancelled() {
                     schedule(&inner, &held);
                 }
                 return;
@@ -501,7 +506,7 @@ async fn renew_until_deadline(inner: Arc<Inner>, held: Arc<Held>) {
                     return;
                 }
                 tokio::select! {
-                    _ = held.stop.cancelled() => return,
+                    _ = held.gone.cancelled() => return,
                     _ = sleep_until(deadline.min(now + pause)) => {}
                 }
                 pause = (pause * 2)

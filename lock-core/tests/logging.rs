@@ -36,6 +36,7 @@ fn logs_name_the_lock_but_never_the_owner_token() {
         .with_max_level(tracing::Level::TRACE)
         .with_writer(out.clone())
         .with_ansi(false)
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
         .finish();
     let mut owner_tokens = Vec::new();
     tracing::subscriber::with_default(subscriber, || {
@@ -65,6 +66,17 @@ fn logs_name_the_lock_but_never_the_owner_token() {
     });
     let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
     assert!(text.contains("logged-lock"), "spans name the lock:\n{text}");
+    // Each span closes with its fields: the fence is recorded on acquire.
+    for span in ["polylock.acquire", "polylock.renew", "polylock.release"] {
+        let line = text
+            .lines()
+            .find(|l| l.contains(span) && l.contains("close"))
+            .unwrap_or_else(|| panic!("no closed {span} span:\n{text}"));
+        assert!(
+            line.contains("name=logged-lock") && line.contains("fence="),
+            "{span} carries the name and the fence: {line}"
+        );
+    }
     assert!(text.contains("lock lost"), "the loss is logged:\n{text}");
     let token = &owner_tokens[0];
     assert!(
