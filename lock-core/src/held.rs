@@ -1,9 +1,9 @@
 //! The shared state of one network lease while guards hold it.
 
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, Weak};
 
 use tokio::runtime::Handle;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::{sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
@@ -26,8 +26,12 @@ pub(crate) fn backend_id(backend: &Arc<dyn LockBackend>) -> BackendId {
 pub(crate) struct Held {
     pub(crate) backend: Arc<dyn LockBackend>,
     pub(crate) backend_name: &'static str,
-    /// The current lease; the watchdog publishes each renewal here.
-    pub(crate) lease: watch::Sender<Lease>,
+    /// The current lease; the watchdog publishes each renewal here and
+    /// wakes `renewed`. A lock and a Notify rather than a watch channel:
+    /// a watch allocates eight wake-up lists and walks them all when it is
+    /// dropped, on every holding, for a value that changes once a renewal.
+    lease: RwLock<Lease>,
+    renewed: Notify,
     /// Fired once the lease is lost or its last hold starts to release: the
     /// holder must stop, and so must the watchdog's renewals of it. One
     /// token for both because they always end together, and a token costs
@@ -66,7 +70,8 @@ impl Held {
         let held = Arc::new(Held {
             backend,
             backend_name,
-            lease: watch::Sender::new(lease),
+            lease: RwLock::new(lease),
+            renewed: Notify::new(),
             gone: CancellationToken::new(),
             state: Mutex::new(HoldState {
                 holds: 1,
@@ -105,7 +110,15 @@ impl Held {
     }
 
     pub(crate) fn current(&self) -> Lease {
-        self.lease.borrow().clone()
+        self.lease().clone()
+    }
+
+    /// The current lease, borrowed: for reading a field or two without
+    /// cloning. Never keep it across another call on this `Held`: a second
+    /// read can deadlock behind a renewal waiting to write.
+    pub(crate) fn lease(&self) -> RwLockReadGuard<'_, Lease> {
+        // Writers only assign a whole lease; a poisoned lock still holds one.
+        self.lease.read().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn set_watchdog(&self, handle: AbortHandle) {
@@ -208,7 +221,7 @@ impl Held {
         // Checked on a borrow, not a clone: this runs several times per
         // holding. The borrow ends before mark_lost reads the lease again.
         let (expired, revoked) = {
-            let lease = self.lease.borrow();
+            let lease = self.lease();
             (lease.is_expired(), lease.is_revoked())
         };
         if expired {
@@ -236,13 +249,17 @@ impl Held {
             return Err(self.lost_error());
         }
         // A renewal by hand may have published a later one meanwhile.
-        self.lease.send_if_modified(|cur| {
+        let newer = {
+            let mut cur = self.lease.write().unwrap_or_else(|p| p.into_inner());
             let newer = renewed.sent_at() >= cur.sent_at();
             if newer {
                 *cur = renewed;
             }
             newer
-        });
+        };
+        if newer {
+            self.renewed.notify_waiters();
+        }
         Ok(())
     }
 
@@ -293,13 +310,18 @@ impl Held {
     /// release, or it is past its local deadline without a renewal. Cancel
     /// safe.
     pub(crate) async fn wait_gone(&self) {
-        let mut rx = self.lease.subscribe();
         loop {
+            // Registered before the lease is read, so that a renewal
+            // published in between still ends this round.
+            let renewed = self.renewed.notified();
+            tokio::pin!(renewed);
+            renewed.as_mut().enable();
+            // Also records a loss once the deadline has passed.
             if !self.is_held() {
                 return;
             }
             let (deadline, revoked) = {
-                let lease = rx.borrow_and_update();
+                let lease = self.lease();
                 (lease.deadline(), lease.revocation().cloned())
             };
             let revoked = async move {
@@ -314,17 +336,11 @@ impl Held {
                     self.mark_lost("the backend revoked the lease");
                     return;
                 }
-                changed = rx.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                }
-                _ = sleep_until(deadline) => {
-                    if !rx.has_changed().unwrap_or(false) {
-                        self.mark_lost("local deadline passed without a renewal");
-                        return;
-                    }
-                }
+                // A renewal moved the deadline: wait for the new one.
+                _ = &mut renewed => {}
+                // The next round's is_held decides: lost, unless a renewal
+                // was published just now.
+                _ = sleep_until(deadline) => {}
             }
         }
     }

@@ -134,7 +134,7 @@ fn lock(inner: &Inner) -> std::sync::MutexGuard<'_, State> {
 
 fn schedule(inner: &Arc<Inner>, held: &Arc<Held>) {
     let (sent_at, ttl) = {
-        let lease = held.lease.borrow();
+        let lease = held.lease();
         (lease.sent_at(), lease.ttl())
     };
     let at = sent_at + ttl / 3;

@@ -126,3 +126,26 @@ async fn sweeping_released_leases_keeps_live_renewals() {
     assert!(keeper.is_held(), "a sweep dropped a live lease's renewal");
     keeper.release().await.unwrap();
 }
+
+/// `lost()` waits through renewals: each one moves the deadline it waits
+/// for, so a lock kept for many TTLs never reads as lost; it fires at once
+/// when the release starts.
+#[tokio::test]
+async fn lost_waits_through_renewals_and_fires_at_release() {
+    let locker = Locker::new(MemoryBackend::new());
+    let ttl = Duration::from_millis(90);
+    let guard = locker.lock("renewed").ttl(ttl).acquire().await.unwrap();
+    let first_deadline = guard.lease().deadline();
+    let signal = guard.lost_signal();
+    tokio::pin!(signal);
+    assert!(
+        tokio::time::timeout(ttl * 5, &mut signal).await.is_err(),
+        "lost() fired while the watchdog renewed the lease"
+    );
+    assert!(guard.is_held());
+    assert!(guard.lease().deadline() > first_deadline + ttl * 3);
+    guard.release().await.unwrap();
+    tokio::time::timeout(Duration::from_millis(100), signal)
+        .await
+        .expect("lost() fires when the release starts");
+}
