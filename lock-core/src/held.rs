@@ -12,7 +12,7 @@ use tracing::Instrument;
 use crate::backend::LockBackend;
 use crate::error::LockError;
 use crate::lease::Lease;
-use crate::observe;
+use crate::observe::{self, Metrics};
 use crate::owner::{BackendId, Registry};
 use crate::watchdog::Scheduler;
 
@@ -26,6 +26,7 @@ pub(crate) fn backend_id(backend: &Arc<dyn LockBackend>) -> BackendId {
 pub(crate) struct Held {
     pub(crate) backend: Arc<dyn LockBackend>,
     pub(crate) backend_name: &'static str,
+    pub(crate) metrics: Arc<Metrics>,
     /// The current lease; the watchdog publishes each renewal here and
     /// wakes `renewed`. A lock and a Notify rather than a watch channel:
     /// a watch allocates eight wake-up lists and walks them all when it is
@@ -64,12 +65,14 @@ impl Held {
         backend: Arc<dyn LockBackend>,
         lease: Lease,
         registry: Option<&Arc<Registry>>,
+        metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         let backend_name = backend.guarantees().backend;
         let revocation = lease.revocation().cloned();
         let held = Arc::new(Held {
             backend,
             backend_name,
+            metrics,
             lease: RwLock::new(lease),
             renewed: Notify::new(),
             gone: CancellationToken::new(),
@@ -201,7 +204,7 @@ impl Held {
                 reason,
                 "polylock: lock lost"
             );
-            observe::lost(self.backend_name);
+            self.metrics.lost();
         }
         self.gone.cancel();
     }
@@ -295,11 +298,11 @@ impl Held {
                 Err(e)
             }
             Ok(Err(e)) => {
-                observe::renew_failed(self.backend_name);
+                self.metrics.renew_failed();
                 Err(e)
             }
             Err(_elapsed) => {
-                observe::renew_failed(self.backend_name);
+                self.metrics.renew_failed();
                 self.mark_lost("no renewal answered before the deadline");
                 Err(self.lost_error())
             }
@@ -362,7 +365,7 @@ impl Held {
             fence = lease.fence().get()
         );
         let result = self.backend.release(&lease).instrument(span).await;
-        observe::released(self.backend_name);
+        self.metrics.released();
         match result {
             // The loss is what the caller must hear about (its critical
             // section may have overlapped another holder's), also when the

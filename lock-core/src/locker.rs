@@ -14,7 +14,7 @@ use crate::guard::LockGuard;
 use crate::held::{backend_id, Held};
 use crate::lease::ClockPolicy;
 use crate::name::LockName;
-use crate::observe::{self, Outcome};
+use crate::observe::{self, Metrics, Outcome};
 use crate::owner::Owner;
 use crate::token::OwnerToken;
 use crate::wait::Backoff;
@@ -56,6 +56,7 @@ pub struct Locker {
     wait: Option<Duration>,
     clock: ClockPolicy,
     retry: Option<Backoff>,
+    metrics: Arc<Metrics>,
 }
 
 impl Locker {
@@ -69,6 +70,7 @@ impl Locker {
     /// A locker over a shared backend.
     pub fn from_arc(backend: Arc<dyn LockBackend>) -> Self {
         Locker {
+            metrics: Arc::new(Metrics::new(backend.guarantees().backend)),
             backend,
             watchdog: Arc::default(),
             ttl: DEFAULT_TTL,
@@ -423,17 +425,15 @@ impl LockBuilder {
             Ok(None) => Outcome::Timeout,
             Err(_) => Outcome::Error,
         };
-        observe::acquire_done(
-            backend_name,
-            outcome,
-            started.elapsed(),
-            !wait_for.is_zero(),
-        );
+        self.locker
+            .metrics
+            .acquire_done(outcome, started.elapsed(), !wait_for.is_zero());
         let Some(lease) = result? else {
             return Ok(None);
         };
         let registry = self.owner.as_ref().map(|o| &o.registry);
-        let held = Held::new(Arc::clone(backend), lease, registry);
+        let metrics = Arc::clone(&self.locker.metrics);
+        let held = Held::new(Arc::clone(backend), lease, registry, metrics);
         if let Some(owner) = &self.owner {
             owner
                 .registry

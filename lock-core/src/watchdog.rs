@@ -354,7 +354,7 @@ async fn renew_batch(inner: Arc<Inner>, mut group: Vec<Arc<Held>>) {
     let Some(answers) = answers else {
         for held in group {
             if !held.gone.is_cancelled() {
-                observe::renew_failed(held.backend_name);
+                held.metrics.renew_failed();
                 retry_alone(&inner, held);
             }
         }
@@ -374,7 +374,7 @@ async fn renew_batch(inner: Arc<Inner>, mut group: Vec<Arc<Held>>) {
                 held.mark_lost("the backend reports the lease is no longer ours");
             }
             Err(e) => {
-                observe::renew_failed(held.backend_name);
+                held.metrics.renew_failed();
                 tracing::debug!(
                     backend = held.backend_name,
                     name = %held.current().name(),
@@ -493,7 +493,7 @@ async fn renew_until_deadline(inner: Arc<Inner>, held: Arc<Held>) {
                 return;
             }
             Ok(Err(e)) => {
-                observe::renew_failed(held.backend_name);
+                held.metrics.renew_failed();
                 tracing::debug!(
                     backend = held.backend_name,
                     name = %lease.name(),
@@ -514,7 +514,7 @@ async fn renew_until_deadline(inner: Arc<Inner>, held: Arc<Held>) {
                     .max(Duration::from_millis(5));
             }
             Err(_elapsed) => {
-                observe::renew_failed(held.backend_name);
+                held.metrics.renew_failed();
                 held.mark_lost("no renewal answered before the deadline");
                 return;
             }
@@ -541,7 +541,8 @@ mod tests {
             )
             .unwrap();
             let lease = backend.try_acquire(&req).await.unwrap().unwrap();
-            let held = Held::new(Arc::clone(&backend), lease, None);
+            let metrics = Arc::new(crate::observe::Metrics::new("memory"));
+            let held = Held::new(Arc::clone(&backend), lease, None, metrics);
             watchdog.watch(&held);
             assert!(held.drop_hold().is_some(), "the only hold was given back");
         }

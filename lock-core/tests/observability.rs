@@ -120,3 +120,39 @@ fn acquire_wait_renew_failure_and_loss_are_counted() {
     assert_eq!(tally.get(&format!("polylock_lost_total{{{b}}}")), 1);
     assert!(tally.get(&format!("polylock_released_total{{{b}}}")) >= 1);
 }
+
+/// Metric keys are built once per Locker, but each count goes to the
+/// recorder installed when it happens: a Locker made before the recorder
+/// still reports to it.
+#[test]
+fn a_recorder_installed_after_the_locker_still_counts() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let locker = Locker::new(MemoryBackend::new());
+    // Counted by no recorder at all.
+    rt.block_on(async {
+        locker
+            .lock("early")
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+    })
+    .unwrap();
+    let tally = Tally::default();
+    metrics::with_local_recorder(&tally, || {
+        rt.block_on(async {
+            let g = locker.lock("late").acquire().await.unwrap();
+            g.release().await.unwrap();
+        });
+    });
+    let b = "backend=memory";
+    assert_eq!(
+        tally.get(&format!("polylock_acquire_seconds{{{b},outcome=acquired}}")),
+        1
+    );
+    assert_eq!(tally.get(&format!("polylock_released_total{{{b}}}")), 1);
+}
