@@ -133,15 +133,9 @@ fn a_recorder_installed_after_the_locker_still_counts() {
     let locker = Locker::new(MemoryBackend::new());
     // Counted by no recorder at all.
     rt.block_on(async {
-        locker
-            .lock("early")
-            .acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-    })
-    .unwrap();
+        let g = locker.lock("early").acquire().await.unwrap();
+        g.release().await.unwrap();
+    });
     let tally = Tally::default();
     metrics::with_local_recorder(&tally, || {
         rt.block_on(async {
