@@ -777,30 +777,58 @@ impl RedisBackend {
         let grants: OnceLock<GrantSlot> = OnceLock::new();
         let refused: Mutex<Option<(Instant, u64)>> = Mutex::new(None);
         let (grants_ref, refused_ref) = (&grants, &refused);
-        let attempt = move || async move {
-            if let Some(lease) = self.granted(req, grants_ref.get(), refused_ref) {
-                return Ok(Some(lease));
-            }
-            let attempt = self.attempt(req, queued).await;
-            let ends = match &attempt {
-                Ok(Attempt::Held {
-                    expires_in,
-                    refused: seen,
-                }) => {
-                    if seen.is_some() {
-                        *refused_ref.lock().unwrap_or_else(|p| p.into_inner()) = *seen;
-                    }
-                    // +1 ms: the server expires strictly after the TTL.
-                    expires_in
-                        .and_then(|d| Instant::now().checked_add(d + Duration::from_millis(1)))
+        let mut tries = 0u32;
+        let mut attempt = move || {
+            tries += 1;
+            // The retries run detached: a wait cancelled while its command
+            // sits in the connection's buffer would otherwise leave the
+            // grant that command may still win (another client's release
+            // can reach the server first) to nobody until its TTL. Nobody
+            // waiting, the task releases a win and, in fair mode, leaves
+            // the queue again (the command may have rejoined it after the
+            // cancelled waiter's own leave).
+            let detached = (tries > 1).then(|| {
+                let (this, req) = (self.clone(), req.clone());
+                let queued = queued.map(|(id, join)| (id.to_string(), join));
+                let undo = {
+                    let (this, name) = (self.clone(), req.name.clone());
+                    let id = queued.as_ref().map(|(id, _)| id.clone());
+                    move |answer: Attempt| this.undo_attempt(name, id, answer)
+                };
+                let attempt = async move {
+                    let queued = queued.as_ref().map(|(id, join)| (id.as_str(), *join));
+                    this.attempt(&req, queued).await
+                };
+                lock_core::wait::detached(attempt, undo)
+            });
+            async move {
+                if let Some(lease) = self.granted(req, grants_ref.get(), refused_ref) {
+                    return Ok(Some(lease));
                 }
-                _ => None,
-            };
-            *expiry_ref.lock().unwrap_or_else(|p| p.into_inner()) = ends;
-            attempt.map(|a| match a {
-                Attempt::Acquired(lease) => Some(lease),
-                Attempt::Held { .. } => None,
-            })
+                let attempt = match detached {
+                    Some(detached) => detached.await,
+                    None => self.attempt(req, queued).await,
+                };
+                let ends = match &attempt {
+                    Ok(Attempt::Held {
+                        expires_in,
+                        refused: seen,
+                    }) => {
+                        if seen.is_some() {
+                            *refused_ref.lock().unwrap_or_else(|p| p.into_inner()) = *seen;
+                        }
+                        // +1 ms: the server expires strictly after the TTL.
+                        expires_in
+                            .and_then(|d| Instant::now().checked_add(d + Duration::from_millis(1)))
+                    }
+                    _ => None,
+                };
+                *expiry_ref.lock().unwrap_or_else(|p| p.into_inner()) = ends;
+                attempt.map(|a| match a {
+                    Attempt::Acquired(lease) => Some(lease),
+                    Attempt::Held { .. } => None,
+                })
+            }
         };
         // An uncontended lock costs one round trip and no subscription.
         match attempt().await {
@@ -901,6 +929,25 @@ impl RedisBackend {
     /// attempt.
     fn queue_entry_life(&self) -> Duration {
         MIN_QUEUE_ENTRY_LIFE.max(self.inner.config.timeout * 2)
+    }
+
+    /// Undoes an attempt whose waiter is gone (see
+    /// [`lock_core::wait::detached`]): releases what it won, or takes its
+    /// queue entry `id` (fair mode) out again.
+    async fn undo_attempt(self, name: LockName, id: Option<String>, answer: Attempt) {
+        match answer {
+            Attempt::Acquired(lease) => lock_core::wait::undo_grant(&self, &lease).await,
+            Attempt::Held { .. } => {
+                let Some(id) = id else { return };
+                let left = match self.keys(&name) {
+                    Ok(keys) => self.leave_queue(&keys, &id).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = left {
+                    tracing::debug!(error = %e, "polylock redis: a cancelled waiter could not leave the queue; the entry expires by itself");
+                }
+            }
+        }
     }
 
     /// Takes waiter `id` out of the lock's queue, waking the next waiter
@@ -1117,8 +1164,11 @@ impl LockBackend for RedisBackend {
     /// subscription is given up (and the channel unsubscribed once no
     /// waiter of this client needs it); in fair mode a spawned task takes
     /// its queue entry out (best effort: the entry's deadline does
-    /// otherwise). Dropping it during an attempt is
-    /// like dropping [`try_acquire`](LockBackend::try_acquire).
+    /// otherwise). Dropping it during a retry is safe too: the retry
+    /// finishes in its own task, which then releases the lock if the retry
+    /// won it, or leaves the queue again if it rejoined. Dropping it during
+    /// the first attempt is like dropping
+    /// [`try_acquire`](LockBackend::try_acquire).
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         if !self.inner.config.fair {
             return self.wait_for(req, None).await;

@@ -835,9 +835,10 @@ impl LockBackend for RedlockBackend {
     /// subscription is down.
     ///
     /// # Cancel safety
-    /// Cancel safe while it waits (its subscriptions are given up); a drop
-    /// during an attempt is like dropping
-    /// [`try_acquire`](LockBackend::try_acquire).
+    /// Cancel safe while it waits (its subscriptions are given up), also
+    /// during a retry: that round finishes in its own task, which releases
+    /// the lock if the round won it. A drop during the first attempt is like
+    /// dropping [`try_acquire`](LockBackend::try_acquire).
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         let max = self.inner.config.retry_delay;
         let backoff = Backoff {
@@ -880,13 +881,16 @@ impl LockBackend for RedlockBackend {
         // The subscriptions are live from here on, so the loop's first
         // attempt (made now) cannot miss a release that came after the one
         // above.
-        acquire_loop(
-            || self.attempt(req),
-            deadline,
-            backoff,
-            || wake_up(&subs, None, &expiry),
-        )
-        .await
+        // The retries run detached (see `lock_core::wait::detached`): a
+        // wait cancelled mid-round lets the round finish and undoes a win.
+        let attempt = || {
+            let (this, req) = (self.clone(), req.clone());
+            lock_core::wait::detached(
+                async move { this.attempt(&req).await },
+                lock_core::wait::release_if_won(self.clone()),
+            )
+        };
+        acquire_loop(attempt, deadline, backoff, || wake_up(&subs, None, &expiry)).await
     }
 
     /// The `plain` owner- and token-checked extension on every node; a

@@ -199,3 +199,69 @@ async fn an_uncontended_acquire_does_not_subscribe() {
     assert_eq!(pubsub_clients(&admin).await, 0);
     g.release().await.unwrap();
 }
+
+/// A wait cancelled while its retry is on the wire (a slow link to the
+/// waiter) leaves no lock behind: the retry still reaches the server and
+/// takes the freed lock, and its own task, seeing nobody wait for the
+/// answer, releases it. Without that, the lock would belong to nobody
+/// until its 30 s TTL. In fair mode the release hands the lock to the
+/// waiter itself, and the waiter's leave (on the same slow link) frees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_cancelled_mid_retry_leaves_no_lock() {
+    for mode in ["", "?fair=true"] {
+        cancel_mid_retry(mode).await;
+    }
+}
+
+async fn cancel_mid_retry(query: &str) {
+    use testkit::{Mode, Proxy};
+    let srv = server();
+    let proxy = Proxy::start(srv.addr()).expect("proxy");
+    let holder = backend(&format!("{}{query}", srv.url())).await;
+    let waiter = backend(&format!("redis://{}{query}", proxy.addr())).await;
+    let ttl = Duration::from_secs(30);
+    let link = Duration::from_millis(300);
+    let mut cut_mid_retry = 0;
+    for round in 0..4 {
+        proxy.set_mode(Mode::Pass);
+        let n = name(&format!("cut-{round}"));
+        let lease = acquire_free(&holder, &n, ttl).await;
+        let task = tokio::spawn({
+            let (waiter, req) = (waiter.clone(), wait_req(&n, ttl, ttl));
+            async move { waiter.acquire(&req).await }
+        });
+        sleep(Duration::from_millis(300)).await;
+        proxy.set_mode(Mode::Delay(link));
+        sleep(link * 2).await;
+        holder.release(&lease).await.unwrap();
+        // The release message reaches the waiter after one link delay; its
+        // retry is then on the wire for another.
+        sleep(link + link / 2).await;
+        if task.is_finished() {
+            // A timer retry won before the cancel: not the case under test.
+            let won = task.await.unwrap().unwrap().expect("a lease");
+            waiter.release(&won).await.unwrap();
+            continue;
+        }
+        task.abort();
+        assert!(task.await.is_err_and(|e| e.is_cancelled()));
+        if eventually(link * 4, || async {
+            holder.inspect(&n).await.unwrap().is_some()
+        })
+        .await
+        {
+            cut_mid_retry += 1;
+        }
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                holder.inspect(&n).await.unwrap().is_none()
+            })
+            .await,
+            "{query:?} round {round}: the cancelled waiter's retry took the lock and nobody released it"
+        );
+    }
+    assert!(
+        cut_mid_retry > 0,
+        "{query:?}: no round cancelled a retry on the wire; the test proved nothing"
+    );
+}

@@ -1007,25 +1007,42 @@ impl LockBackend for SqlBackend {
     ///
     /// # Cancel safety
     /// Dropping the future while it waits leaves nothing behind (the
-    /// waiter's only state is a broadcast receiver); dropping it during an
-    /// attempt is like dropping [`try_acquire`](LockBackend::try_acquire).
+    /// waiter's only state is a broadcast receiver). The attempts after the
+    /// first run in a task of their own ([`wait::detached`]), so a wait
+    /// cancelled while its statement is on the way (queued on SQLite's
+    /// worker thread, or sent to the server) lets the statement finish and
+    /// releases the row if it won it. Dropping it during the first attempt
+    /// is like dropping [`try_acquire`](LockBackend::try_acquire).
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         let backoff = backoff(self.inner.config.max_poll);
+        let mut tries = 0u32;
+        let attempt = || {
+            tries += 1;
+            let first = tries == 1;
+            async move {
+                if first {
+                    return self.try_acquire(req).await;
+                }
+                let (this, req) = (self.clone(), req.clone());
+                wait::detached(
+                    async move { this.try_acquire(&req).await },
+                    wait::release_if_won(self.clone()),
+                )
+                .await
+            }
+        };
         match &self.inner.hub {
-            None => wait::poll_acquire(self, req, backoff).await,
+            None => {
+                wait::acquire_loop(attempt, req.wait_deadline(), backoff, std::future::pending)
+                    .await
+            }
             Some(hub) => {
                 // Listening before the first attempt means no release is
                 // missed; if LISTEN is slow to come up, the backoff timer
                 // covers the gap, so do not wait long for it.
                 hub.ensure_listening(req.wait.min(LISTEN_READY_WAIT)).await;
                 let name: Arc<str> = Arc::from(req.name.as_str());
-                wait::acquire_loop(
-                    || self.try_acquire(req),
-                    req.wait_deadline(),
-                    backoff,
-                    || hub.arm(&name),
-                )
-                .await
+                wait::acquire_loop(attempt, req.wait_deadline(), backoff, || hub.arm(&name)).await
             }
         }
     }

@@ -150,6 +150,74 @@ where
     }
 }
 
+/// Runs one retry of a waiting acquire in a task of its own, so that
+/// cancelling the wait cannot cut off a request that is already on its way
+/// to the server. A dropped request may still reach the server (a statement
+/// queued on a connection, a command in a driver's buffer) and take the lock
+/// after the waiter is gone, leaving it held by nobody until its TTL; a
+/// detached one runs to its answer, and if nobody waits for that answer any
+/// more, the task hands it to `undo` (which releases a lease it won, see
+/// [`undo_grant`], and leaves any queue it joined). The task does not start
+/// a request for a waiter that was already cancelled.
+///
+/// A backend uses it for the attempts after a waiting acquire's first: those
+/// are the ones a cancelled wait interrupts. The first attempt stays inline,
+/// so an uncontended acquire pays no task.
+///
+/// # Cancel safety
+/// Cancel safe: dropping the returned future leaves the attempt to finish
+/// and be undone in its task.
+pub async fn detached<T, Fut, U, UF>(attempt: Fut, undo: U) -> Result<T, LockError>
+where
+    T: Send + 'static,
+    Fut: Future<Output = Result<T, LockError>> + Send + 'static,
+    U: FnOnce(T) -> UF + Send + 'static,
+    UF: Future<Output = ()> + Send,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        if tx.is_closed() {
+            return;
+        }
+        let answer = attempt.await;
+        if let Err(Ok(unwanted)) = tx.send(answer) {
+            undo(unwanted).await;
+        }
+    });
+    rx.await.unwrap_or_else(|_| {
+        Err(LockError::transient(
+            "polylock",
+            "an acquire attempt's task ended without an answer",
+        ))
+    })
+}
+
+/// The `undo` of [`detached`] for an attempt that answers with the lease it
+/// won, if any: releases that lease.
+pub fn release_if_won<B: LockBackend + 'static>(
+    backend: B,
+) -> impl FnOnce(Option<Lease>) -> futures::future::BoxFuture<'static, ()> + Send + 'static {
+    move |won| {
+        Box::pin(async move {
+            if let Some(lease) = won {
+                undo_grant(&backend, &lease).await;
+            }
+        })
+    }
+}
+
+/// Releases `lease`, won by an attempt whose waiter is gone (see
+/// [`detached`]). A failure is only logged: the lock then expires at its
+/// TTL, as a dropped attempt's would.
+///
+/// # Cancel safety
+/// As [`LockBackend::release`].
+pub async fn undo_grant<B: LockBackend + ?Sized>(backend: &B, lease: &Lease) {
+    if let Err(e) = backend.release(lease).await {
+        tracing::debug!(name = %lease.name(), error = %e, "polylock: could not release a cancelled waiter's grant; it expires at its TTL");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,6 +296,62 @@ mod tests {
         )
         .await;
         assert!(matches!(r, Ok(None)));
+    }
+
+    /// A request that is already on its way when the waiter is cancelled,
+    /// like a statement queued on a driver's connection: it reaches the
+    /// server 200 ms later whatever happens to the future that sent it.
+    fn in_flight(
+        mem: &crate::MemoryBackend,
+        req: &AcquireRequest,
+    ) -> impl Future<Output = Result<Option<Lease>, LockError>> + Send + 'static {
+        let (mem, req) = (mem.clone(), req.clone());
+        let sent = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            mem.try_acquire(&req).await
+        });
+        async move { sent.await.expect("the driver task") }
+    }
+
+    /// Cancelled mid-request, an inline attempt leaves the lock held by
+    /// nobody; a detached one releases what its request won.
+    #[tokio::test(start_paused = true)]
+    async fn a_detached_attempt_undoes_a_grant_nobody_waits_for() {
+        let mem = crate::MemoryBackend::new();
+        let req = request(Duration::from_secs(60));
+        let cut = Duration::from_millis(100);
+
+        let inline = tokio::time::timeout(cut, in_flight(&mem, &req)).await;
+        assert!(inline.is_err(), "the inline attempt should be cut off");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let orphan = mem.inspect(&req.name).await.unwrap();
+        assert!(orphan.is_some(), "the model lost its in-flight request");
+        assert!(mem.force_release(&req.name).await.unwrap());
+
+        let req = request(Duration::from_secs(60));
+        let attempt = in_flight(&mem, &req);
+        let cut_off =
+            tokio::time::timeout(cut, detached(attempt, release_if_won(mem.clone()))).await;
+        assert!(cut_off.is_err(), "the detached attempt should be cut off");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            mem.inspect(&req.name).await.unwrap().is_none(),
+            "a cancelled waiter's grant was left behind"
+        );
+        // It did win (and release) the lock: the next grant's fence is
+        // the third.
+        let next = request(Duration::ZERO);
+        let lease = mem.try_acquire(&next).await.unwrap().expect("free");
+        assert_eq!(lease.fence().get(), 3);
+
+        // Not cancelled, it answers like the attempt itself.
+        let won = detached(
+            in_flight(&mem, &request(Duration::ZERO)),
+            release_if_won(mem.clone()),
+        )
+        .await
+        .unwrap();
+        assert!(won.is_none(), "the lock is held: refused");
     }
 
     #[test]

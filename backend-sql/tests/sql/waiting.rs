@@ -77,3 +77,86 @@ async fn waiter_gets_an_expired_lock_without_any_notification() {
         next.release().await.unwrap();
     }
 }
+
+/// A wait cancelled while its retry's statement is stuck inside the
+/// database (behind a row lock; SQLite: behind the file's write lock) leaves
+/// no lock behind when the statement goes through after the cancel: the
+/// retry's own task sees it win and releases it. Without that, the grant
+/// would belong to nobody until its 30 s TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_cancelled_mid_statement_leaves_no_lock() {
+    use backend_sql::Dialect;
+    use lock_core::LockBackend;
+    for db in common::all().await {
+        let d = db.dialect;
+        let url = db.url_with("max_poll=20ms");
+        let client = backend_sql::SqlBackend::connect(&url).await.unwrap();
+        let table = url
+            .split("table=")
+            .nth(1)
+            .and_then(|t| t.split('&').next())
+            .unwrap()
+            .to_string();
+        let name = unique("cut");
+        // Held, so the waiters' first attempts are refused and they retry.
+        let _held = common::try_once(&client, &name, Duration::from_secs(30))
+            .await
+            .expect("a free lock");
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let (locker, name) = (Locker::new(client.clone()), name.clone());
+                tokio::spawn(async move {
+                    locker
+                        .lock(&name)
+                        .wait(Duration::from_secs(60))
+                        .acquire()
+                        .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+
+        let mut blocker = common::raw_connection(&db.base).await;
+        let block = match d {
+            Dialect::Sqlite => vec!["BEGIN IMMEDIATE".to_string()],
+            _ => vec![
+                "BEGIN".to_string(),
+                format!("SELECT version FROM {table} WHERE name = '{name}' FOR UPDATE"),
+            ],
+        };
+        for sql in block {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(&mut blocker)
+                .await
+                .unwrap();
+        }
+        // Every waiter retries within max_poll, and its statement sticks.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The holder's row goes (as in a release), the waiters are
+        // cancelled, and only then do their statements go through.
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DELETE FROM {table} WHERE name = '{name}'"
+        )))
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+        for w in waiters {
+            assert!(!w.is_finished(), "{d:?}: a waiter got past the block");
+            w.abort();
+            assert!(w.await.is_err_and(|e| e.is_cancelled()));
+        }
+        sqlx::query("COMMIT").execute(&mut blocker).await.unwrap();
+
+        let lock = lock_core::LockName::new(&name).unwrap();
+        let since = Instant::now();
+        // Let the stuck statements finish: a win shows up before its undo.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        while let Some(holder) = client.inspect(&lock).await.unwrap() {
+            assert!(
+                since.elapsed() < Duration::from_secs(3),
+                "{d:?}: a cancelled waiter's statement took the lock and nobody released it: {holder:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}

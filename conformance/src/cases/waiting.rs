@@ -73,8 +73,11 @@ pub(crate) async fn acquire_times_out_at_the_deadline(ctx: &Ctx<'_>) {
     guard.release().await.expect("release");
 }
 
-/// Cancelling a waiting acquire leaves nothing behind: once the holder
-/// releases, the next acquirer gets the lock on its first attempt.
+/// Cancelling a waiting acquire leaves nothing behind, even when it is cut
+/// off while an attempt is on its way to the server: once the holder
+/// releases, the next acquirer gets the lock within a second, far sooner
+/// than a leftover grant or queue entry would go away by itself (the 30 s
+/// TTL, a queue entry's or session's life).
 pub(crate) async fn cancelled_waiter_leaves_nothing_behind(ctx: &Ctx<'_>) {
     let name = ctx.name("cancel");
     let a = ctx.locker().await;
@@ -92,26 +95,33 @@ pub(crate) async fn cancelled_waiter_leaves_nothing_behind(ctx: &Ctx<'_>) {
         cancelled.is_err(),
         "the waiter should still be waiting when cancelled"
     );
-    // Also cancel a waiter that runs in its own task, by aborting it.
-    let task = tokio::spawn({
-        let (b, name) = (b.clone(), name.clone());
-        async move {
-            b.lock(name.as_str())
-                .wait(Duration::from_secs(30))
-                .acquire()
-                .await
-        }
-    });
+    // Also cancel waiters that run in their own tasks, by aborting them,
+    // at moments spread over their retries, so that some are cut off
+    // between attempts and some during one.
+    let waiters: Vec<_> = (0..6)
+        .map(|_| {
+            let (b, name) = (b.clone(), name.clone());
+            tokio::spawn(async move {
+                b.lock(name.as_str())
+                    .wait(Duration::from_secs(30))
+                    .acquire()
+                    .await
+            })
+        })
+        .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    task.abort();
-    assert!(task.await.is_err_and(|e| e.is_cancelled()));
+    for (i, task) in waiters.into_iter().enumerate() {
+        tokio::time::sleep(Duration::from_millis(7 * i as u64)).await;
+        task.abort();
+        assert!(task.await.is_err_and(|e| e.is_cancelled()));
+    }
 
     guard.release().await.expect("release");
     let next = c
         .lock(name.as_str())
-        .try_acquire()
+        .wait(Duration::from_secs(1))
+        .acquire()
         .await
-        .expect("try_acquire")
         .expect("a cancelled waiter kept the lock or its place in line");
     next.release().await.expect("release");
 }
