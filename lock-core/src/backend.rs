@@ -201,7 +201,9 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// # Cancel safety
     /// Dropping the future while it waits leaves nothing behind (no queued
     /// entry, no subscription). Dropping it during an attempt is like
-    /// dropping [`try_acquire`](LockBackend::try_acquire).
+    /// dropping [`try_acquire`](LockBackend::try_acquire), unless the
+    /// backend runs its retries through [`crate::wait::detached`], which
+    /// undoes a retry that won for nobody.
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         crate::wait::poll_acquire(self, req, crate::wait::Backoff::default()).await
     }

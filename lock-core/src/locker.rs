@@ -268,9 +268,12 @@ impl LockBuilder {
     ///
     /// # Cancel safety
     /// Dropping the future while it waits leaves nothing behind: this is
-    /// how an unbounded wait is cancelled. Dropping it while an attempt is
-    /// in flight may leave a lock that nobody holds until its TTL runs out
-    /// (see [`LockBackend::try_acquire`]).
+    /// how an unbounded wait is cancelled. The backends that wait by
+    /// retrying (SQL, Redis, Redlock) run each retry in a task of its own
+    /// that releases what it wins once nobody waits for it (see
+    /// [`crate::wait::detached`]), so a retry on the wire is undone too.
+    /// Dropping the future during its first attempt may leave a lock that
+    /// nobody holds until its TTL runs out (see [`LockBackend::try_acquire`]).
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         let wait = self.wait;
         let name = self
