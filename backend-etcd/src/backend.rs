@@ -19,6 +19,7 @@ use crate::errors::{from_etcd, is_auth_failure, lease_gone, retryable, timed_out
 use crate::queue::{self, Claim, Released, Values};
 use crate::session::{spawn_cleanup, Cleanup, Closed, Session, SessionInfo, SessionUse};
 use crate::slot::{Slot, Slots};
+use crate::watch::{Subscription, Watches};
 use lock_core::{owner_value, parse_owner_value};
 
 /// The smallest lease etcd grants with its default election timing
@@ -88,6 +89,8 @@ struct Inner {
     /// newest last: a second release of one of them is `Ok`, while a claim
     /// that vanished otherwise says `Lost`.
     released: Mutex<ReleasedLog>,
+    /// The lock watches this client's waiters share.
+    watches: Watches,
 }
 
 /// How many released holdings a client remembers for idempotent releases.
@@ -233,6 +236,7 @@ impl EtcdBackend {
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
                 config,
+                watches: Watches::new(conn.clone(), crate::watch::LINGER),
                 conn,
                 sessions: Mutex::new(Vec::new()),
                 granting: tokio::sync::Mutex::new(()),
@@ -436,20 +440,30 @@ impl EtcdBackend {
             };
             claim.how = Cleanup::Revision(created.rev);
             // Not alone in the range: one read tells whether ours is first
-            // and, if not, whom to wait for.
+            // and, if not, whom to wait for. A waiter subscribes to the
+            // lock's watch before that read, so the watch covers it.
+            let mut sub = None;
             let ahead = if created.alone {
                 None
             } else {
+                if let Some(deadline) = deadline {
+                    let mut s = self.inner.watches.subscribe(&pfx);
+                    if timeout_at(deadline, s.ready()).await.is_err() {
+                        let _ = claim.delete().await;
+                        return Ok(None);
+                    }
+                    sub = Some(s);
+                }
                 let a = queue::look_ahead(conn, &pfx, &key, created.rev).await?;
                 (!a.first(&key, created.rev, session.id)).then_some(a)
             };
             if let Some(ahead) = ahead {
-                let Some(deadline) = deadline else {
+                let (Some(deadline), Some(sub)) = (deadline, sub.as_mut()) else {
                     claim.delete().await?;
                     return Ok(None);
                 };
                 match self
-                    .wait_turn(&session, &pfx, &key, created.rev, deadline, Some(ahead))
+                    .wait_turn(&session, sub, &key, created.rev, deadline, ahead)
                     .await?
                 {
                     Turn::Mine => {}
@@ -503,20 +517,24 @@ impl EtcdBackend {
         }
     }
 
-    /// Waits until our claim (created at `my_rev`) is the lowest: watch the
-    /// delete of the claim just before it, then look again; behind the
+    /// Waits until our claim (created at `my_rev`) is the lowest: wait for
+    /// the delete of the claim just before it, then look again; behind the
     /// last claim ahead, its delete alone says so (see
-    /// [`queue::wait_last`]). `seen` is a look at the queue already made.
+    /// [`queue::wait_last`]). The deletes come from the lock's shared
+    /// watch `sub`; `seen` is a look at the queue made once it was ready.
     async fn wait_turn(
         &self,
         session: &Session,
-        pfx: &str,
+        sub: &mut Subscription,
         key: &str,
         my_rev: i64,
         deadline: Instant,
-        mut seen: Option<queue::Ahead>,
+        seen: queue::Ahead,
     ) -> Result<Turn, LockError> {
         let conn = self.conn();
+        let pfx = sub.prefix();
+        let pfx = &*pfx;
+        let mut seen = Some(seen);
         loop {
             if Instant::now() >= deadline {
                 return Ok(Turn::TimedOut);
@@ -526,16 +544,22 @@ impl EtcdBackend {
             }
             let ahead = match seen.take() {
                 Some(a) => a,
-                None => match timeout_at(deadline, queue::look_ahead(conn, pfx, key, my_rev)).await
-                {
-                    Err(_) => return Ok(Turn::TimedOut),
-                    Ok(Err(e)) if e.is_retryable() => {
-                        pause_until(RETRY_PAUSE, deadline).await;
-                        continue;
+                None => {
+                    // Read only once the watch exists, so it covers the read.
+                    let read = async {
+                        sub.ready().await;
+                        queue::look_ahead(conn, pfx, key, my_rev).await
+                    };
+                    match timeout_at(deadline, read).await {
+                        Err(_) => return Ok(Turn::TimedOut),
+                        Ok(Err(e)) if e.is_retryable() => {
+                            pause_until(RETRY_PAUSE, deadline).await;
+                            continue;
+                        }
+                        Ok(Err(e)) => return Err(e),
+                        Ok(Ok(a)) => a,
                     }
-                    Ok(Err(e)) => return Err(e),
-                    Ok(Ok(a)) => a,
-                },
+                }
             };
             // Our claim must still be there, on our session's lease (so
             // that lease is alive in etcd as of the read).
@@ -547,30 +571,26 @@ impl EtcdBackend {
             };
             let waiting = async {
                 if ahead.only {
-                    queue::wait_last(conn, pfx, key, my_rev, session.id, &ahead).await
+                    queue::wait_last(sub, key, my_rev, session.id, &ahead).await
                 } else {
-                    // Also watch the claim before it: when that one goes,
-                    // ours is next in line and watches as such (above) while
+                    // Also wait for the claim before it: when that one goes,
+                    // ours is next in line and waits as such (above) while
                     // its predecessor holds, so the hand-off to ours needs no
-                    // read. A waiter never watches the whole queue.
+                    // read.
                     let mut keys = vec![pred.key.as_str()];
                     keys.extend(ahead.pred2.as_ref().map(|c| c.key.as_str()));
-                    queue::wait_any_deleted(conn, &keys, ahead.rev)
-                        .await
-                        .map(|_| queue::LastEnd::Recheck)
+                    queue::wait_ahead_deleted(sub, &keys, ahead.rev).await;
+                    queue::LastEnd::Recheck
                 }
             };
             let ended = tokio::select! {
                 r = waiting => r,
                 _ = sleep_until(deadline) => return Ok(Turn::TimedOut),
                 _ = session.closed() => return Ok(Turn::Gone),
-                _ = sleep(RECHECK) => Ok(queue::LastEnd::Recheck),
+                _ = sleep(RECHECK) => queue::LastEnd::Recheck,
             };
-            match ended {
-                Ok(queue::LastEnd::Mine) => return Ok(Turn::Mine),
-                Ok(queue::LastEnd::Recheck) => {}
-                Err(e) if e.is_retryable() => pause_until(RETRY_PAUSE, deadline).await,
-                Err(e) => return Err(e),
+            if ended == queue::LastEnd::Mine {
+                return Ok(Turn::Mine);
             }
         }
     }

@@ -89,6 +89,7 @@ mod fence;
 mod queue;
 mod session;
 mod slot;
+mod watch;
 
 pub use backend::{guarantees, EtcdBackend, MIN_TTL};
 pub use config::{EtcdConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_PORT};

@@ -31,6 +31,7 @@ use lock_core::{LockError, LockName, OwnerToken};
 
 use crate::conn::{Conn, Retry};
 use crate::errors::unexpected;
+use crate::watch::{Note, Subscription};
 use lock_core::parse_owner_value;
 
 /// How many claims one ranged read fetches before falling back to a full
@@ -69,7 +70,7 @@ pub(crate) fn is_claim(lock_prefix: &str, key: &[u8]) -> bool {
 
 /// The range `[prefix "0", prefix "g")` holds every claim (lease ids are
 /// hex) and skips most keys of longer names.
-fn claim_range(lock_prefix: &str) -> (String, String) {
+pub(crate) fn claim_range(lock_prefix: &str) -> (String, String) {
     (format!("{lock_prefix}0"), format!("{lock_prefix}g"))
 }
 
@@ -647,17 +648,18 @@ pub(crate) enum WatchEnd {
 }
 
 /// Waits until `key` (seen by a read at revision `seen_at`) is deleted, or
-/// changed since that read (deleted and created again). Runs until the delete or the stream's end; callers race it
-/// against their deadline.
+/// changed since that read (deleted and created again), on a watch of its
+/// own: for a key that is watched once and long (a session's sentinel),
+/// not for queue waits, which share their lock's watch (see
+/// [`crate::watch`]). Runs until the delete or the stream's end; callers
+/// race it against their deadline.
 ///
 /// The watch starts at the server's current revision, never at
 /// `seen_at + 1`: etcd serves a watch whose start revision has already
 /// passed from its "unsynced" group, which a background loop catches up
-/// only every 100 ms, so under contention (a write landing between the read
-/// and the watch) every wake-up waited up to 100 ms. A watch from "now" is
-/// synced at once; the created answer tells from which revision it covers,
-/// and only if writes landed since `seen_at` does one read check that the
-/// claim outlived them (see [`watch_covers`]).
+/// only every 100 ms. The created answer tells from which revision it
+/// covers, and only if writes landed since `seen_at` does one read check
+/// that the key outlived them (see [`watch_covers`]).
 ///
 /// # Cancel safety
 /// Cancel safe: dropping it closes the watch stream.
@@ -666,33 +668,9 @@ pub(crate) async fn wait_deleted(
     key: &str,
     seen_at: i64,
 ) -> Result<WatchEnd, LockError> {
-    wait_any_deleted(conn, &[key], seen_at).await
-}
-
-/// [`wait_deleted`] for several keys at once, on one watch stream (one
-/// watch per key): ends at the first delete of any of them.
-///
-/// # Cancel safety
-/// Cancel safe: dropping it closes the watch stream.
-pub(crate) async fn wait_any_deleted(
-    conn: &Conn,
-    keys: &[&str],
-    seen_at: i64,
-) -> Result<WatchEnd, LockError> {
-    let what = "watching the predecessor";
-    let Some((first, more)) = keys.split_first() else {
-        return Ok(WatchEnd::Recheck);
-    };
+    let what = "watching a key";
     let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-    let mut stream = conn.watch(*first, opts.clone()).await?;
-    for key in more {
-        stream
-            .watch(*key, Some(opts.clone()))
-            .await
-            .map_err(|e| crate::errors::from_etcd(what, e))?;
-    }
-    // etcd answers the creations in the order they were asked.
-    let mut created = 0;
+    let mut stream = conn.watch(key, opts).await?;
     loop {
         match stream.message().await {
             Ok(Some(r)) => {
@@ -706,17 +684,13 @@ pub(crate) async fn wait_any_deleted(
                     return Ok(WatchEnd::Recheck);
                 }
                 if r.created() {
-                    let key = keys.get(created).copied().unwrap_or(first);
-                    created += 1;
                     let from = header_revision(what, r.header())?;
-                    if !watch_covers(seen_at, from) {
-                        // Writes landed between our read and the watch; the
-                        // delete may be one of them. Unchanged since the read
-                        // (not a new key under the same name) means any
-                        // delete comes later, inside the watch.
-                        if !unchanged_since(conn, key, seen_at).await? {
-                            return Ok(WatchEnd::Deleted);
-                        }
+                    // Writes landed between our read and the watch; the
+                    // delete may be one of them. Unchanged since the read
+                    // (not a new key under the same name) means any delete
+                    // comes later, inside the watch.
+                    if !watch_covers(seen_at, from) && !unchanged_since(conn, key, seen_at).await? {
+                        return Ok(WatchEnd::Deleted);
                     }
                 }
             }
@@ -737,95 +711,60 @@ pub(crate) enum LastEnd {
     Recheck,
 }
 
+/// Waits until one of `keys` (claims ahead of ours, seen by a read at
+/// revision `seen_at`) is deleted, on the lock's shared watch `sub` (made
+/// ready before that read, so no later delete is missed).
+///
+/// # Cancel safety
+/// Cancel safe.
+pub(crate) async fn wait_ahead_deleted(
+    sub: &mut Subscription,
+    keys: &[&str],
+    seen_at: i64,
+) -> WatchEnd {
+    loop {
+        match sub.next(seen_at).await {
+            Note::Recheck => return WatchEnd::Recheck,
+            Note::Deleted { key, .. } if keys.contains(&&*key) => return WatchEnd::Deleted,
+            Note::Deleted { .. } => {}
+        }
+    }
+}
+
 /// Waits behind `ahead.pred`, the only claim ahead of ours (`key`, created
 /// at `my_rev` on `lease`), and answers [`LastEnd::Mine`] at its delete
 /// without reading the queue again: nothing can queue ahead of us any more
 /// (later claims sort after ours), so that delete makes ours the lowest,
 /// provided ours still exists at that revision.
 ///
-/// One watch from now over the key range spanning both keys (deletes only)
-/// sees both deletes in revision order, so "ours was not deleted before
-/// its predecessor" is decided by the order of events of one watch, never
-/// by timing. Other keys sorting between the two (other claims, keys of
-/// longer names) may wake it; they are skipped. Only the waiter just
-/// behind the holder watches this way; the others watch their predecessor
-/// alone, so a release still wakes one waiter. If writes landed between
-/// the read and the watch, one more read (after the watch exists) checks
-/// that the queue is still as read.
+/// The lock's shared watch `sub` (ready before the read that made `ahead`)
+/// carries every delete of the claim range after that read, in revision
+/// order, so "ours was not deleted before its predecessor" is decided by
+/// the order of its notes, never by timing. Deletes of other keys (other
+/// claims, keys of longer names) are skipped.
 ///
 /// # Cancel safety
-/// Cancel safe: dropping it closes the watch stream.
+/// Cancel safe.
 pub(crate) async fn wait_last(
-    conn: &Conn,
-    lock_prefix: &str,
+    sub: &mut Subscription,
     key: &str,
     my_rev: i64,
     lease: i64,
     ahead: &Ahead,
-) -> Result<LastEnd, LockError> {
-    let what = "watching the predecessor";
+) -> LastEnd {
     let Some(pred) = ahead.pred.as_ref().filter(|_| ahead.only) else {
-        return Ok(LastEnd::Recheck);
+        return LastEnd::Recheck;
     };
     if !ahead.is_mine(key, my_rev, lease) {
-        return Ok(LastEnd::Recheck);
+        return LastEnd::Recheck;
     }
-    let (lo, hi) = if pred.key.as_str() < key {
-        (pred.key.as_str(), key)
-    } else {
-        (key, pred.key.as_str())
-    };
-    let mut end = hi.as_bytes().to_vec();
-    end.push(0);
-    let opts = WatchOptions::new()
-        .with_range(end)
-        .with_filters([WatchFilterType::NoPut]);
-    let mut stream = conn.watch(lo, opts).await?;
     loop {
-        let r = match stream.message().await {
-            Ok(Some(r)) => r,
-            Ok(None) => return Ok(LastEnd::Recheck),
-            Err(e) => return Err(crate::errors::from_etcd(what, e)),
-        };
-        if r.canceled() || r.compact_revision() != 0 {
-            return Ok(LastEnd::Recheck);
-        }
-        if r.created() {
-            let from = header_revision(what, r.header())?;
-            if !watch_covers(ahead.rev, from) {
-                // Writes landed between our read and the watch. A read now
-                // (at or after the watch's start) either still shows the
-                // same queue, and the watch sees every later delete, or
-                // tells what changed.
-                let now = look_ahead(conn, lock_prefix, key, my_rev).await?;
-                if now.first(key, my_rev, lease) {
-                    return Ok(LastEnd::Mine);
-                }
-                let same = now.only
-                    && now.is_mine(key, my_rev, lease)
-                    && now
-                        .pred
-                        .as_ref()
-                        .is_some_and(|p| p.key == pred.key && p.create_rev == pred.create_rev);
-                if !same {
-                    return Ok(LastEnd::Recheck);
-                }
-            }
-            continue;
-        }
-        let deleted = |k: &str| {
-            r.events().iter().any(|e| {
-                e.event_type() == EventType::Delete
-                    && e.kv().is_some_and(|kv| kv.key() == k.as_bytes())
-            })
-        };
-        // Ours deleted in the same answer: be conservative and read again
-        // (the read finds it gone).
-        if deleted(key) {
-            return Ok(LastEnd::Recheck);
-        }
-        if deleted(&pred.key) {
-            return Ok(LastEnd::Mine);
+        match sub.next(ahead.rev).await {
+            Note::Recheck => return LastEnd::Recheck,
+            // Ours went first: read again (the read finds it gone).
+            Note::Deleted { key: k, .. } if *k == *key => return LastEnd::Recheck,
+            Note::Deleted { key: k, .. } if *k == *pred.key => return LastEnd::Mine,
+            Note::Deleted { .. } => {}
         }
     }
 }
