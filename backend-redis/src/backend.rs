@@ -179,6 +179,47 @@ struct Inner {
 /// How many unanswered attempts a client remembers.
 const MAX_UNANSWERED: usize = 4096;
 
+/// A waiting acquire's retry in flight (plain format). Dropped before its
+/// answer (the wait was cancelled), it sends an owner-checked release of
+/// the attempt's owner on the same connection. The server runs commands of
+/// one connection in order, so that release runs after the retry's script:
+/// if the retry took the lock, the release frees it (and wakes the
+/// waiters, or in fair mode hands the lock on); if not, it changes nothing.
+/// Its fencing token is the highest there is, so the counter check passes
+/// and the owner decides: each acquisition's owner token is its own, and an
+/// [`lock_core::Owner`]'s next acquisition of the name is sent after this.
+struct RetryInFlight<'a> {
+    backend: &'a RedisBackend,
+    req: &'a AcquireRequest,
+    answered: bool,
+}
+
+impl Drop for RetryInFlight<'_> {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        let (Ok(rt), Some(fence)) = (
+            tokio::runtime::Handle::try_current(),
+            FencingToken::new(u64::MAX),
+        ) else {
+            return;
+        };
+        let backend = self.backend.clone();
+        let lease = self.req.lease(fence, self.req.ttl, Instant::now());
+        rt.spawn(async move {
+            match backend.release(&lease).await {
+                // Released what the retry won, found nothing, or found
+                // someone else's lock (left untouched): all as it should be.
+                Ok(()) | Err(LockError::Lost { .. }) => {}
+                Err(e) => {
+                    tracing::debug!(name = %lease.name(), error = %e, "polylock redis: could not undo a cancelled retry; a lock it took expires at its TTL");
+                }
+            }
+        });
+    }
+}
+
 /// Marks an attempt unanswered until it is disarmed by a reply; dropping
 /// the attempt's future leaves the mark in place.
 struct Unanswered<'a> {
@@ -780,26 +821,29 @@ impl RedisBackend {
         let mut tries = 0u32;
         let mut attempt = move || {
             tries += 1;
-            // The retries run detached: a wait cancelled while its command
-            // sits in the connection's buffer would otherwise leave the
-            // grant that command may still win (another client's release
-            // can reach the server first) to nobody until its TTL. Nobody
-            // waiting, the task releases a win and, in fair mode, leaves
-            // the queue again (the command may have rejoined it after the
-            // cancelled waiter's own leave).
-            let detached = (tries > 1).then(|| {
+            // A wait cancelled while a retry's command sits in the
+            // connection's buffer must not leave the grant that command may
+            // still win (another client's release can reach the server
+            // first) to nobody until its TTL. Plain format: the retry's drop
+            // sends an owner-checked release behind it on the same
+            // connection (see `RetryInFlight`), so a woken waiter's retry
+            // pays no task. Redisson format, whose release needs the
+            // grant's fencing token: the retry runs detached and its task
+            // undoes a win nobody waits for.
+            let retry = tries > 1;
+            // (Fair mode is plain format only, so a detached retry never
+            // queues.)
+            let detached = (retry && self.inner.layout.format == Format::Redisson).then(|| {
                 let (this, req) = (self.clone(), req.clone());
-                let queued = queued.map(|(id, join)| (id.to_string(), join));
                 let undo = {
-                    let (this, name) = (self.clone(), req.name.clone());
-                    let id = queued.as_ref().map(|(id, _)| id.clone());
-                    move |answer: Attempt| this.undo_attempt(name, id, answer)
+                    let this = self.clone();
+                    move |answer: Attempt| async move {
+                        if let Attempt::Acquired(lease) = answer {
+                            lock_core::wait::undo_grant(&this, &lease).await;
+                        }
+                    }
                 };
-                let attempt = async move {
-                    let queued = queued.as_ref().map(|(id, join)| (id.as_str(), *join));
-                    this.attempt(&req, queued).await
-                };
-                lock_core::wait::detached(attempt, undo)
+                lock_core::wait::detached(async move { this.attempt(&req, None).await }, undo)
             });
             async move {
                 if let Some(lease) = self.granted(req, grants_ref.get(), refused_ref) {
@@ -807,7 +851,18 @@ impl RedisBackend {
                 }
                 let attempt = match detached {
                     Some(detached) => detached.await,
-                    None => self.attempt(req, queued).await,
+                    None => {
+                        let mut in_flight = retry.then(|| RetryInFlight {
+                            backend: self,
+                            req,
+                            answered: false,
+                        });
+                        let attempt = self.attempt(req, queued).await;
+                        if let Some(f) = in_flight.as_mut() {
+                            f.answered = true;
+                        }
+                        attempt
+                    }
                 };
                 let ends = match &attempt {
                     Ok(Attempt::Held {
@@ -929,25 +984,6 @@ impl RedisBackend {
     /// attempt.
     fn queue_entry_life(&self) -> Duration {
         MIN_QUEUE_ENTRY_LIFE.max(self.inner.config.timeout * 2)
-    }
-
-    /// Undoes an attempt whose waiter is gone (see
-    /// [`lock_core::wait::detached`]): releases what it won, or takes its
-    /// queue entry `id` (fair mode) out again.
-    async fn undo_attempt(self, name: LockName, id: Option<String>, answer: Attempt) {
-        match answer {
-            Attempt::Acquired(lease) => lock_core::wait::undo_grant(&self, &lease).await,
-            Attempt::Held { .. } => {
-                let Some(id) = id else { return };
-                let left = match self.keys(&name) {
-                    Ok(keys) => self.leave_queue(&keys, &id).await,
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = left {
-                    tracing::debug!(error = %e, "polylock redis: a cancelled waiter could not leave the queue; the entry expires by itself");
-                }
-            }
-        }
     }
 
     /// Takes waiter `id` out of the lock's queue, waking the next waiter
@@ -1164,10 +1200,11 @@ impl LockBackend for RedisBackend {
     /// subscription is given up (and the channel unsubscribed once no
     /// waiter of this client needs it); in fair mode a spawned task takes
     /// its queue entry out (best effort: the entry's deadline does
-    /// otherwise). Dropping it during a retry is safe too: the retry
-    /// finishes in its own task, which then releases the lock if the retry
-    /// won it, or leaves the queue again if it rejoined. Dropping it during
-    /// the first attempt is like dropping
+    /// otherwise). Dropping it during a retry is safe too: an
+    /// owner-checked release follows the retry on the same connection
+    /// (plain format), or the retry finishes in its own task, which then
+    /// releases a win or leaves the queue again (Redisson format). Dropping
+    /// it during the first attempt is like dropping
     /// [`try_acquire`](LockBackend::try_acquire).
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         if !self.inner.config.fair {

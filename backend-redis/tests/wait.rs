@@ -208,7 +208,7 @@ async fn an_uncontended_acquire_does_not_subscribe() {
 /// waiter itself, and the waiter's leave (on the same slow link) frees it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_cancelled_mid_retry_leaves_no_lock() {
-    for mode in ["", "?fair=true"] {
+    for mode in ["", "?fair=true", "?format=redisson"] {
         cancel_mid_retry(mode).await;
     }
 }

@@ -157,8 +157,10 @@ where
 /// after the waiter is gone, leaving it held by nobody until its TTL; a
 /// detached one runs to its answer, and if nobody waits for that answer any
 /// more, the task hands it to `undo` (which releases a lease it won, see
-/// [`undo_grant`], and leaves any queue it joined). The task does not start
-/// a request for a waiter that was already cancelled.
+/// [`undo_grant`], and leaves any queue it joined). The attempt is first
+/// polled in the caller's task, so its request is sent without waiting for
+/// the new task to be scheduled; an attempt that finishes in that poll
+/// needs no task at all.
 ///
 /// A backend uses it for the attempts after a waiting acquire's first: those
 /// are the ones a cancelled wait interrupts. The first attempt stays inline,
@@ -174,11 +176,16 @@ where
     U: FnOnce(T) -> UF + Send + 'static,
     UF: Future<Output = ()> + Send,
 {
+    let mut attempt = Box::pin(attempt);
+    // The first poll runs here, so the request leaves the moment the waiter
+    // is woken; a task of its own would first have to be scheduled, and
+    // under contention those microseconds decide who gets a freed lock.
+    // Only the rest (waiting for the answer) moves to the task.
+    if let std::task::Poll::Ready(answer) = futures::poll!(attempt.as_mut()) {
+        return answer;
+    }
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        if tx.is_closed() {
-            return;
-        }
         let answer = attempt.await;
         if let Err(Ok(unwanted)) = tx.send(answer) {
             undo(unwanted).await;
