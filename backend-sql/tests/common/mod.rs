@@ -68,6 +68,15 @@ fn with_query(base: &str, query: &str) -> String {
     format!("{base}{sep}{query}")
 }
 
+/// The lock table a lock URL names with `table=`.
+pub(crate) fn table_of(url: &str) -> String {
+    url.split("table=")
+        .nth(1)
+        .and_then(|t| t.split('&').next())
+        .expect("a URL with table=")
+        .to_string()
+}
+
 /// SQLite in a fresh temp file.
 pub(crate) fn sqlite() -> Db {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -224,12 +224,7 @@ async fn waiters_do_not_starve_renewals() {
             .await
             .unwrap();
         client.release(&setup).await.unwrap();
-        let table = url
-            .split("table=")
-            .nth(1)
-            .and_then(|t| t.split('&').next())
-            .unwrap()
-            .to_string();
+        let table = common::table_of(&url);
         let mut blocker = raw_connection(&db.base).await;
         sqlx::query("BEGIN").execute(&mut blocker).await.unwrap();
         sqlx::query(sqlx::AssertSqlSafe(format!(

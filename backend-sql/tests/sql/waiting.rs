@@ -91,12 +91,7 @@ async fn a_wait_cancelled_mid_statement_leaves_no_lock() {
         let d = db.dialect;
         let url = db.url_with("max_poll=20ms");
         let client = backend_sql::SqlBackend::connect(&url).await.unwrap();
-        let table = url
-            .split("table=")
-            .nth(1)
-            .and_then(|t| t.split('&').next())
-            .unwrap()
-            .to_string();
+        let table = common::table_of(&url);
         let name = unique("cut");
         // Held, so the waiters' first attempts are refused and they retry.
         let _held = common::try_once(&client, &name, Duration::from_secs(30))
