@@ -157,7 +157,7 @@ where
 /// after the waiter is gone, leaving it held by nobody until its TTL; a
 /// detached one runs to its answer, and if nobody waits for that answer any
 /// more, the task hands it to `undo` (which releases a lease it won, see
-/// [`undo_grant`], and leaves any queue it joined). The attempt is first
+/// [`release_if_won`] and [`undo_grant`]). The attempt is first
 /// polled in the caller's task, so its request is sent without waiting for
 /// the new task to be scheduled; an attempt that finishes in that poll
 /// needs no task at all.
