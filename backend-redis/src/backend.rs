@@ -63,9 +63,9 @@ const FOREIGN_POLL_BACKOFF: Backoff = Backoff {
 };
 
 /// The most leases one batch-renew script run carries. A script blocks the
-/// server while it runs (three commands per lease); this keeps each run
-/// well under a millisecond, and the chunks of one batch go out together on
-/// the multiplexed connection.
+/// server while it runs, for three commands per lease, so the chunk bounds
+/// how long any other client can be held up by a renewal; the chunks of one
+/// batch go out together on the multiplexed connection.
 pub const RENEW_CHUNK: usize = 128;
 
 /// What a Redis lock backend promises for `algorithm`.

@@ -630,6 +630,10 @@ pub struct Held {
     /// own counters: Redis INFO commandstats, etcd /metrics, pg_stat_database,
     /// MariaDB's Questions, ZooKeeper's mntr); `None` without a server.
     pub server_requests_per_s: Option<f64>,
+    /// How long one of those requests held the server, in µs on average
+    /// (Redis: its scripts' time by `INFO commandstats`, which a script
+    /// blocks the server for); `None` for the other servers.
+    pub server_us_per_request: Option<f64>,
     /// Client heap bytes per held lock (the bench binary's counting
     /// allocator); `None` when the binary counts nothing.
     pub client_bytes_per_lock: Option<f64>,
@@ -673,13 +677,18 @@ pub(crate) async fn held(
     // Let the renewals of the acquisition burst spread out, then count
     // over one full TTL (three renewal periods).
     sleep(ttl / 3).await;
-    let c0 = t.server_requests().await?;
+    let (c0, us0) = (t.server_requests().await?, t.server_script_us().await?);
     let at = Instant::now();
     sleep(ttl).await;
-    let c1 = t.server_requests().await?;
+    let (c1, us1) = (t.server_requests().await?, t.server_script_us().await?);
     let secs = at.elapsed().as_secs_f64();
-    let rate = match (c0, c1) {
-        (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / secs),
+    let requests = match (c0, c1) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+        _ => None,
+    };
+    let rate = requests.map(|n| n as f64 / secs);
+    let us_per_request = match (requests, us0, us1) {
+        (Some(n), Some(a), Some(b)) if n > 0 => Some(b.saturating_sub(a) as f64 / n as f64),
         _ => None,
     };
     let held_to_the_end = guards.iter().all(|g| g.is_held());
@@ -703,6 +712,7 @@ pub(crate) async fn held(
         locks,
         ttl_s: ttl.as_secs_f64(),
         server_requests_per_s: rate,
+        server_us_per_request: us_per_request,
         client_bytes_per_lock: bytes,
         all_held,
     })

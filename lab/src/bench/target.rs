@@ -128,6 +128,22 @@ impl Target {
         self.raw.requests(&self._servers).await
     }
 
+    /// Time the server has spent running scripts so far, in µs (Redis's
+    /// `INFO commandstats`, summed over Redlock's nodes); `None` for the
+    /// other servers. Over an interval, divided by the change in
+    /// [`server_requests`](Self::server_requests) (the same scripts'
+    /// calls), it is how long one request held the server.
+    pub(crate) async fn server_script_us(&self) -> Res<Option<u64>> {
+        let Raw::Redis(nodes) = &*self.raw else {
+            return Ok(None);
+        };
+        let mut sum = 0;
+        for n in nodes {
+            sum += script_stat(&redis_info(n, "commandstats").await?, "usec=");
+        }
+        Ok(Some(sum))
+    }
+
     /// CPU time the server's command thread has used so far, in µs:
     /// Redis's main thread (user + system, `INFO cpu`), summed over
     /// Redlock's nodes. `None` for the other servers, which run requests
@@ -513,13 +529,7 @@ impl Raw {
                 // script runs inside.
                 let mut sum = 0;
                 for n in nodes {
-                    let info = redis_info(n, "commandstats").await?;
-                    sum += info
-                        .lines()
-                        .filter(|l| l.starts_with("cmdstat_eval") || l.starts_with("cmdstat_fcall"))
-                        .filter_map(|l| l.split([':', ',']).find_map(|f| f.strip_prefix("calls=")))
-                        .filter_map(|v| v.parse::<u64>().ok())
-                        .sum::<u64>();
+                    sum += script_stat(&redis_info(n, "commandstats").await?, "calls=");
                 }
                 sum
             }
@@ -578,6 +588,18 @@ async fn redis_info(c: &redis::aio::MultiplexedConnection, section: &str) -> Res
         .query_async::<String>(&mut c)
         .await
         .map_err(|e| err("INFO")(&e))
+}
+
+/// One counter (`calls=`, `usec=`) of the script commands (EVAL, EVALSHA,
+/// FCALL and their read-only forms) in an `INFO commandstats` answer,
+/// summed.
+fn script_stat(commandstats: &str, field: &str) -> u64 {
+    commandstats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_eval") || l.starts_with("cmdstat_fcall"))
+        .filter_map(|l| l.split([':', ',']).find_map(|f| f.strip_prefix(field)))
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum()
 }
 
 fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
