@@ -19,7 +19,9 @@ use zookeeper_client::{CreateMode, Error, EventType, MultiReadResult, Stat, Watc
 use crate::config::ZkConfig;
 use crate::errors::{again, from_zk, outcome_unknown, timed, BACKEND};
 use crate::holdings::{self, Expiry, Held, Holdings};
-use crate::path::{is_ours, may_lead_to, name_of_path, name_path, node_prefix, queue, sequence_of};
+use crate::path::{
+    is_ours, may_lead_to, name_of_path, name_path, node_path, node_prefix, queue, sequence_of,
+};
 use crate::session::{Session, Sessions};
 use lock_core::{owner_value, parse_owner_value};
 
@@ -192,7 +194,12 @@ impl ZkBackend {
     /// The directory of `name`'s lock nodes, as clients of this URL see it.
     pub fn lock_path(&self, name: &LockName) -> String {
         let c = &self.inner.config;
-        format!("{}/{}/{}", c.chroot, c.prefix, name_path(name))
+        let rel = name_path(name);
+        let mut p = String::with_capacity(c.chroot.len() + c.prefix.len() + rel.len() + 2);
+        for piece in [c.chroot.as_str(), "/", c.prefix.as_str(), "/", rel.as_str()] {
+            p.push_str(piece);
+        }
+        p
     }
 
     /// The session id (as ZooKeeper stores it in a node's ephemeral owner)
@@ -391,7 +398,11 @@ impl ZkBackend {
     /// Creates our node with `data` (see [`crate::data`]) under `dir`, creating the parents when
     /// missing. A lost reply is recovered by finding the node by its uuid.
     async fn enter(&self, s: &Session, dir: &str, data: &str) -> Result<(String, Stat), LockError> {
-        let uuid = uuid::Uuid::new_v4().to_string();
+        let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+        let uuid = uuid::Uuid::new_v4()
+            .hyphenated()
+            .encode_lower(&mut text)
+            .to_owned();
         let prefix = node_prefix(dir, &uuid);
         let opts = CreateMode::EphemeralSequential.with_acls(self.inner.config.acls());
         let mut parents_made = false;
@@ -405,7 +416,7 @@ impl ZkBackend {
             )
             .await;
             match r {
-                Ok(Ok((stat, seq))) => return Ok((format!("{prefix}{seq}"), stat)),
+                Ok(Ok((stat, seq))) => return Ok((node_path(&prefix, seq.into_i64()), stat)),
                 Ok(Err(Error::NoNode)) if !parents_made => {
                     parents_made = true;
                     let dirs = CreateMode::Persistent.with_acls(self.inner.config.acls());

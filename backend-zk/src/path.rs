@@ -46,6 +46,12 @@ fn refused(c: char) -> bool {
 }
 
 fn escape_into(out: &mut String, s: &str, slash: bool) {
+    let plain = |c: char| !(c == '%' || refused(c) || (slash && c == '/'));
+    if s.chars().all(plain) {
+        // The usual name: nothing to escape, one copy.
+        out.push_str(s);
+        return;
+    }
     for c in s.chars() {
         if c == '%' || refused(c) || (slash && c == '/') {
             let mut buf = [0u8; 4];
@@ -125,13 +131,55 @@ pub(crate) fn validate_segment(seg: &str) -> Result<(), String> {
 /// The create path for a contender with `uuid`: the server appends the
 /// sequence.
 pub(crate) fn node_prefix(dir: &str, uuid: &str) -> String {
-    format!("{dir}/{PROTECTED}{uuid}-{LOCK_NAME}")
+    let mut p = String::with_capacity(dir.len() + uuid.len() + 20 + SEQUENCE_DIGITS);
+    for piece in [dir, "/", PROTECTED, uuid, "-", LOCK_NAME] {
+        p.push_str(piece);
+    }
+    p
+}
+
+/// The digits ZooKeeper appends to a sequential node's name while its
+/// counter fits in 32 bits (a 64-bit one gets nineteen).
+const SEQUENCE_DIGITS: usize = 10;
+
+/// The node the server created for `prefix` with sequence `seq`: the name
+/// `CreateSequence` prints, built without the formatting machinery (this
+/// runs once per acquisition).
+pub(crate) fn node_path(prefix: &str, seq: i64) -> String {
+    let width = if seq <= i64::from(i32::MAX) {
+        SEQUENCE_DIGITS
+    } else {
+        19
+    };
+    let Ok(mut n) = u64::try_from(seq) else {
+        // A negative counter (a 32-bit one that wrapped): rare enough for
+        // the general path, which pads after the sign as the server does.
+        return format!("{prefix}{seq:0width$}");
+    };
+    let mut digits = [b'0'; 20];
+    let mut at = digits.len();
+    while n > 0 {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+    let start = at.min(digits.len() - width);
+    let mut p = String::with_capacity(prefix.len() + digits.len() - start);
+    p.push_str(prefix);
+    // ASCII digits only.
+    p.push_str(std::str::from_utf8(&digits[start..]).unwrap_or_default());
+    p
 }
 
 /// A child of a lock directory that is a contender: its sequence number.
 /// Curator sorts by what follows `lock-`, so any node with it counts (a
 /// node of a Curator client without protection too).
 pub(crate) fn sequence_of(child: &str) -> Option<i64> {
+    // Most segments of lock names end in a letter: answered without
+    // setting up a substring search.
+    if !child.as_bytes().last().is_some_and(u8::is_ascii_digit) {
+        return None;
+    }
     let i = child.rfind(LOCK_NAME)?;
     let digits = &child[i + LOCK_NAME.len()..];
     if digits.len() < 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
@@ -166,6 +214,19 @@ mod tests {
 
     fn p(s: &str) -> String {
         name_path(&LockName::new(s).unwrap())
+    }
+
+    #[test]
+    fn node_path_is_the_name_the_server_gives() {
+        for seq in [0, 7, 42, 999_999_999, 1_000_000_000, i64::from(i32::MAX)] {
+            assert_eq!(node_path("/d/p-", seq), format!("/d/p-{seq:010}"));
+        }
+        for seq in [i64::from(i32::MAX) + 1, i64::MAX] {
+            assert_eq!(node_path("/d/p-", seq), format!("/d/p-{seq:019}"));
+        }
+        assert_eq!(node_path("/d/p-", -1), "/d/p--000000001");
+        let seq = sequence_of(&node_path("/d/_c_u-lock-", 42)).unwrap();
+        assert_eq!(seq, 42);
     }
 
     #[test]
