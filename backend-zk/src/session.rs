@@ -83,6 +83,19 @@ impl Sessions {
         if let Some(s) = self.live(key) {
             return Ok(s);
         }
+        // Boxed: connecting is rare and its future is kilobytes, which
+        // would otherwise be part of every acquire's and release's future
+        // (allocated and copied on each call through the trait).
+        Box::pin(self.connect(config, timeout, key)).await
+    }
+
+    /// The slow path of [`get`](Self::get): one caller at a time connects.
+    async fn connect(
+        &self,
+        config: &ZkConfig,
+        timeout: Duration,
+        key: u64,
+    ) -> Result<Arc<Session>, LockError> {
         let _one = self.connecting.lock().await;
         if let Some(s) = self.live(key) {
             return Ok(s);
