@@ -58,9 +58,11 @@ struct HoldState {
 }
 
 impl Held {
-    /// Inside a tokio runtime, a lease's revocation signal is watched by a
-    /// small task that turns it into a loss at once; without one it is seen
-    /// at the next `is_held`, `lost` or renewal.
+    /// A lease's revocation signal (a closed session, a keepalive answering
+    /// TTL 0) needs no task of its own: `is_held`, `lost()` (`wait_gone`)
+    /// and the watchdog each look at it, and the first to see it records
+    /// the loss. A task per holding would cost a spawn and two wake-ups on
+    /// every acquisition of the backends that revoke.
     pub(crate) fn new(
         backend: Arc<dyn LockBackend>,
         lease: Lease,
@@ -68,8 +70,7 @@ impl Held {
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         let backend_name = backend.guarantees().backend;
-        let revocation = lease.revocation().cloned();
-        let held = Arc::new(Held {
+        Arc::new(Held {
             backend,
             backend_name,
             metrics,
@@ -85,26 +86,7 @@ impl Held {
             registry: registry.map(Arc::downgrade),
             runtime: Handle::try_current().ok(),
             scheduler: OnceLock::new(),
-        });
-        if let (Some(revoked), Some(rt)) = (revocation, &held.runtime) {
-            // The backend learnt on its own that the lease is gone (a
-            // closed session, a keepalive answering TTL 0): the guard turns
-            // lost now, not at its next renewal. The task ends with the
-            // holding, so it never outlives it.
-            let weak = Arc::downgrade(&held);
-            let stop = held.gone.clone();
-            rt.spawn(async move {
-                tokio::select! {
-                    _ = revoked.cancelled() => {
-                        if let Some(held) = weak.upgrade() {
-                            held.mark_lost("the backend revoked the lease");
-                        }
-                    }
-                    _ = stop.cancelled() => {}
-                }
-            });
-        }
-        held
+        })
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, HoldState> {

@@ -261,10 +261,9 @@ async fn run(inner: Weak<Inner>, generation: u64) {
             st.planned = Some(next);
             next
         };
-        let live = due
-            .iter()
-            .filter_map(Weak::upgrade)
-            .filter(|h| !h.gone.is_cancelled());
+        // is_held also records a revocation or a passed deadline as a
+        // loss: such a lease is not renewed.
+        let live = due.iter().filter_map(Weak::upgrade).filter(|h| h.is_held());
         for group in batches(live) {
             match <[Arc<Held>; 1]>::try_from(group) {
                 Ok([held]) => {
@@ -326,8 +325,8 @@ async fn renew(inner: Arc<Inner>, held: Arc<Held>) {
 /// a loss (or that got no answer before the earliest deadline of the
 /// batch) goes on alone, retried until its own deadline.
 async fn renew_batch(inner: Arc<Inner>, mut group: Vec<Arc<Held>>) {
-    // Released since the scheduler took them: not sent at all.
-    group.retain(|h| !h.gone.is_cancelled());
+    // Released (or revoked) since the scheduler took them: not sent at all.
+    group.retain(|h| h.is_held());
     if group.is_empty() {
         return;
     }
@@ -458,6 +457,10 @@ async fn renew_until_deadline(inner: Arc<Inner>, held: Arc<Held>) {
     let lease = held.current();
     let mut pause = (lease.ttl() / 20).clamp(Duration::from_millis(5), Duration::from_secs(1));
     loop {
+        // A revocation seen while retrying ends it (recorded as a loss).
+        if !held.is_held() {
+            return;
+        }
         let deadline = lease.deadline();
         if Instant::now() >= deadline {
             // A request sent now could not make the old lease valid again.

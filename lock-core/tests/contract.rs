@@ -558,6 +558,33 @@ async fn a_revoked_lease_turns_the_guard_lost_at_once() {
 }
 
 #[tokio::test]
+async fn a_revoked_lease_is_not_renewed_when_nobody_looks() {
+    // No lost(), no is_held(): the watchdog itself sees the revocation.
+    let backend = Probe::default();
+    backend.attach_revocation.store(true, Ordering::SeqCst);
+    let locker = Locker::new(backend.clone());
+    let guard = locker
+        .lock("revoked-unwatched")
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    let token = backend.revocations.lock().unwrap()[0].clone();
+    let renews_before = backend.renews.load(Ordering::SeqCst);
+    token.cancel();
+    // Past the first renewal time (a third of the TTL) and then some.
+    sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        backend.renews.load(Ordering::SeqCst),
+        renews_before,
+        "the watchdog renewed a revoked lease"
+    );
+    assert!(!guard.is_held());
+    let r = guard.release().await;
+    assert!(matches!(r, Err(LockError::Lost { .. })), "{r:?}");
+}
+
+#[tokio::test]
 async fn a_revoked_lease_is_not_reentered() {
     let backend = Probe::default();
     backend.attach_revocation.store(true, Ordering::SeqCst);
