@@ -526,13 +526,16 @@ async fn two_first_acquisitions_of_one_name_by_one_owner_share_one_lease() {
 
 // ---- item 7: losses the backend knows are pushed ----
 
-#[tokio::test]
-async fn a_revoked_lease_turns_the_guard_lost_at_once() {
+/// A guard whose lease the backend revokes: no renewal is sent after it
+/// (for two renewal periods), and the release reports the loss. With
+/// `watch`, `lost()` must complete at once; without it nobody looks until
+/// the end, and the watchdog must see the revocation by itself.
+async fn a_revoked_lease_is_not_renewed(watch: bool) {
     let backend = Probe::default();
     backend.attach_revocation.store(true, Ordering::SeqCst);
     let locker = Locker::new(backend.clone());
     let guard = locker
-        .lock("revoked")
+        .lock(format!("revoked-{watch}"))
         .ttl(Duration::from_secs(3))
         .acquire()
         .await
@@ -541,37 +544,12 @@ async fn a_revoked_lease_turns_the_guard_lost_at_once() {
     let token = backend.revocations.lock().unwrap()[0].clone();
     let renews_before = backend.renews.load(Ordering::SeqCst);
     token.cancel();
-    timeout(Duration::from_secs(1), guard.lost())
-        .await
-        .expect("lost() did not complete on revocation");
-    assert!(!guard.is_held());
-    // The watchdog stopped: no renewal for the next renewal periods.
-    sleep(Duration::from_millis(2500)).await;
-    assert_eq!(
-        backend.renews.load(Ordering::SeqCst),
-        renews_before,
-        "the watchdog kept renewing a revoked lease"
-    );
-    assert!(!guard.is_held());
-    let r = guard.release().await;
-    assert!(matches!(r, Err(LockError::Lost { .. })), "{r:?}");
-}
-
-#[tokio::test]
-async fn a_revoked_lease_is_not_renewed_when_nobody_looks() {
-    // No lost(), no is_held(): the watchdog itself sees the revocation.
-    let backend = Probe::default();
-    backend.attach_revocation.store(true, Ordering::SeqCst);
-    let locker = Locker::new(backend.clone());
-    let guard = locker
-        .lock("revoked-unwatched")
-        .ttl(Duration::from_secs(3))
-        .acquire()
-        .await
-        .unwrap();
-    let token = backend.revocations.lock().unwrap()[0].clone();
-    let renews_before = backend.renews.load(Ordering::SeqCst);
-    token.cancel();
+    if watch {
+        timeout(Duration::from_secs(1), guard.lost())
+            .await
+            .expect("lost() did not complete on revocation");
+        assert!(!guard.is_held());
+    }
     // Past the first renewal time (a third of the TTL) and then some.
     sleep(Duration::from_millis(2500)).await;
     assert_eq!(
@@ -582,6 +560,16 @@ async fn a_revoked_lease_is_not_renewed_when_nobody_looks() {
     assert!(!guard.is_held());
     let r = guard.release().await;
     assert!(matches!(r, Err(LockError::Lost { .. })), "{r:?}");
+}
+
+#[tokio::test]
+async fn a_revoked_lease_turns_the_guard_lost_at_once() {
+    a_revoked_lease_is_not_renewed(true).await;
+}
+
+#[tokio::test]
+async fn a_revoked_lease_is_not_renewed_when_nobody_looks() {
+    a_revoked_lease_is_not_renewed(false).await;
 }
 
 #[tokio::test]
