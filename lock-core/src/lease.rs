@@ -96,9 +96,12 @@ impl Lease {
 
     /// Attaches a signal the backend fires when it learns, on its own, that
     /// this lease is gone: an etcd session that closed or whose keepalive
-    /// answered TTL 0, a ZooKeeper session that expired. The guard turns it
-    /// into `lost()` at once instead of at the next renewal. Renewed leases
-    /// keep the signal.
+    /// answered TTL 0, a ZooKeeper session that expired. The guard's
+    /// `lost()` completes and `is_held()` turns false at once, instead of at
+    /// the next renewal, and the watchdog sends no renewal after it. The
+    /// loss is logged and counted (`polylock_lost_total`) when the first of
+    /// these sees it, at the latest at the lease's next renewal time.
+    /// Renewed leases keep the signal.
     pub fn with_revocation(mut self, revoked: CancellationToken) -> Self {
         self.revoked = Some(revoked);
         self
