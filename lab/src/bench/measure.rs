@@ -96,6 +96,8 @@ pub(crate) async fn cycle(t: &Target, locker: &Locker, d: Duration) -> Res<Cycle
     // Per side (polylock, raw, backend): wall time, cycles, server CPU µs.
     let mut spent = [(Duration::ZERO, 0u64, 0.0f64); 3];
     let mut server_measured = true;
+    // Server CPU µs and cycles of the empty scripts (Redis).
+    let mut empty = (0.0, 0u64);
     let mut means = [Vec::new(), Vec::new(), Vec::new()];
     // Warm-up: connections, sessions, prepared statements.
     for _ in 0..20 {
@@ -137,6 +139,7 @@ pub(crate) async fn cycle(t: &Target, locker: &Locker, d: Duration) -> Res<Cycle
                 _ => server_measured = false,
             }
         }
+        empty_scripts_round(t, 1, per, &mut empty).await?;
     }
     let mut rt = Vec::new();
     let started = Instant::now();
@@ -159,10 +162,11 @@ pub(crate) async fn cycle(t: &Target, locker: &Locker, d: Duration) -> Res<Cycle
         round_trip: Summary::of(&rt),
         backend_per_s: rate(b),
         layer_us,
-        server: server_measured.then(|| ServerCpu {
+        server: (server_measured && empty.1 > 0).then(|| ServerCpu {
             polylock_us_per_cycle: cpu(p),
             raw_us_per_cycle: cpu(r),
             polylock_busy: p.2 / 1e6 / p.0.as_secs_f64().max(f64::MIN_POSITIVE),
+            empty_scripts_us_per_cycle: empty.0 / empty.1 as f64,
         }),
         round_means_us: RoundMeans {
             polylock: polylock_means,
@@ -266,6 +270,52 @@ pub struct ServerCpu {
     /// Share of the polylock rounds' time the thread was busy (summed over
     /// nodes for Redlock, so up to the node count).
     pub polylock_busy: f64,
+    /// CPU µs per cycle of two scripts that do nothing, sent as polylock's
+    /// are and by as many tasks (`Raw::empty_scripts_cycle`): the part of
+    /// polylock's script time that is the server's cost of running a script
+    /// at all.
+    pub empty_scripts_us_per_cycle: f64,
+}
+
+/// One round of `tasks` tasks running `Raw::empty_scripts_cycle` for
+/// `d`, taken between the other sides' rounds: the server's CPU µs and the
+/// cycles, added to `sum`. Nothing where the server has no scripts or no
+/// CPU counter.
+async fn empty_scripts_round(
+    t: &Target,
+    tasks: usize,
+    d: Duration,
+    sum: &mut (f64, u64),
+) -> Res<()> {
+    // Also loads the script, outside the measurement.
+    if t.raw.empty_scripts_cycle("bench/empty").await?.is_none() {
+        return Ok(());
+    }
+    let Some(before) = t.server_cpu_us().await? else {
+        return Ok(());
+    };
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Instant::now() + d;
+    let mut handles = Vec::new();
+    for i in 0..tasks {
+        let (done, raw) = (done.clone(), t.raw.clone());
+        handles.push(tokio::spawn(async move {
+            let name = format!("bench/empty/{i}");
+            while Instant::now() < stop {
+                raw.empty_scripts_cycle(&name).await?;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, String>(())
+        }));
+    }
+    for h in handles {
+        h.await.map_err(|e| e.to_string())??;
+    }
+    if let Some(after) = t.server_cpu_us().await? {
+        sum.0 += after - before;
+        sum.1 += done.load(Ordering::Relaxed);
+    }
+    Ok(())
 }
 
 pub(crate) async fn parallel(
@@ -284,6 +334,8 @@ pub(crate) async fn parallel(
     let mut spent = [(0.0f64, 0u64, 0.0f64, 0.0f64); 3];
     let mut means = [Vec::new(), Vec::new(), Vec::new()];
     let mut server_measured = true;
+    // Server CPU µs and cycles of the empty scripts (Redis).
+    let mut empty = (0.0, 0u64);
     let orders = [
         [Polylock, Raw, Backend],
         [Raw, Backend, Polylock],
@@ -329,6 +381,7 @@ pub(crate) async fn parallel(
                 _ => server_measured = false,
             }
         }
+        empty_scripts_round(t, tasks, per, &mut empty).await?;
     }
     let rate = |(wall, n, _, _): (f64, u64, f64, f64)| n as f64 / wall.max(f64::MIN_POSITIVE);
     let per_cycle = |us: f64, n: u64| us / n.max(1) as f64;
@@ -345,10 +398,11 @@ pub(crate) async fn parallel(
             backend_us_per_cycle: per_cycle(b.3, b.1),
             raw_us_per_cycle: per_cycle(r.3, r.1),
         },
-        server: server_measured.then(|| ServerCpu {
+        server: (server_measured && empty.1 > 0).then(|| ServerCpu {
             polylock_us_per_cycle: per_cycle(p.2, p.1),
             raw_us_per_cycle: per_cycle(r.2, r.1),
             polylock_busy: p.2 / 1e6 / p.0.max(f64::MIN_POSITIVE),
+            empty_scripts_us_per_cycle: per_cycle(empty.0, empty.1),
         }),
         round_means_us: RoundMeans {
             polylock: polylock_means,

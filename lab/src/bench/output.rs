@@ -68,15 +68,23 @@ fn parallel_gap(p: &super::Parallel) -> String {
     if let Some(sc) = &p.server {
         why.push_str(&format!(
             "; server CPU per cycle: {:.1} µs for polylock's two scripts (owner, fence and TTL \
-             checks, holder metadata, release notice) vs {:.1} µs for raw SET NX PX + DEL, the \
-             server's command thread busy {:.0}% of the polylock rounds{}",
+             checks, holder metadata, release notice), of which {:.1} µs is what two scripts that \
+             do nothing cost when sent the same way (running a script at all, which no slimmer \
+             script saves), vs {:.1} µs for raw SET NX PX + DEL; the server's command thread busy \
+             {:.0}% of the polylock rounds{}",
             sc.polylock_us_per_cycle,
+            sc.empty_scripts_us_per_cycle,
             sc.raw_us_per_cycle,
             sc.polylock_busy * 100.0,
             if sc.polylock_busy >= 0.8 {
-                ": it, not the client, sets the rate"
+                // The server's CPU per cycle bounds the rate it allows.
+                format!(
+                    ": it, not the client, sets the rate, and at the empty scripts' CPU it would \
+                     allow at most {:.2} of raw's rate",
+                    sc.raw_us_per_cycle / sc.empty_scripts_us_per_cycle.max(f64::MIN_POSITIVE)
+                )
             } else {
-                ""
+                String::new()
             }
         ));
     }
@@ -126,9 +134,11 @@ fn cycle_gap(c: &super::Cycle) -> String {
     );
     let server = c.server.as_ref().map_or_else(String::new, |s| {
         format!(
-            ", of which the server's CPU {:.1} µs (polylock's scripts: {:.1} µs a cycle, raw SET NX PX + DEL: {:.1} µs)",
+            ", of which the server's CPU {:.1} µs (polylock's scripts: {:.1} µs a cycle, two scripts \
+             that do nothing, sent the same way: {:.1} µs, raw SET NX PX + DEL: {:.1} µs)",
             s.polylock_us_per_cycle - s.raw_us_per_cycle,
             s.polylock_us_per_cycle,
+            s.empty_scripts_us_per_cycle,
             s.raw_us_per_cycle
         )
     });
@@ -778,6 +788,10 @@ pub fn markdown(r: &Report) -> String {
          instructions go, `lab/examples/cycles.rs` runs a fixed number of the same cycles \
          (polylock or the backend trait alone) under `valgrind --tool=callgrind`, whose counts \
          do not move with the machine's load.\n\
+         - Server CPU (Redis): the command thread's CPU time (`INFO cpu`) is read around every \
+         round of both measurements, and each round also has a turn of two scripts that do \
+         nothing (`return 0`), sent as polylock's are, with the same keys and as many \
+         arguments: what running a script at all costs the server.\n\
          - Contention: each worker has its own client and loops acquire (wait) → hold → release. \
          Hand-off: from the start of a release to another worker's acquire returning. Wait: from \
          asking to holding. The hold is busy (yielding) rather than a timer sleep, \
