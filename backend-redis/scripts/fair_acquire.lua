@@ -16,13 +16,19 @@
 -- counter: the fencing counter now, 0 if none, so that the waiter can tell
 -- a grant message sent after this answer from an older one).
 local queue, deadlines, waiters, id = KEYS[3], KEYS[4], KEYS[5], ARGV[4]
-local now = now_ms()
-local pruned = prune(queue, deadlines, waiters, now)
-local first = head(queue)
+-- With nobody queued (the usual case) there is no clock to read, nothing
+-- to prune and no entry to leave (queued()).
+local queued = queued(deadlines)
+local now, pruned, first = nil, 0, nil
+if queued then
+  now = now_ms()
+  pruned = prune(queue, deadlines, waiters, now)
+  first = head(queue)
+end
 if first == nil or first == id then
   local r = grant()
   if r then
-    if not r.err then
+    if queued and not r.err then
       leave(queue, deadlines, waiters, id)
     end
     return r
@@ -30,12 +36,13 @@ if first == nil or first == id then
 end
 local r = wrong_kind() or recover()
 if r then
-  if not r.err then
+  if queued and not r.err then
     leave(queue, deadlines, waiters, id)
   end
   return r
 end
 if ARGV[5] == '1' then
+  now = now or now_ms()
   if not redis.call('ZSCORE', queue, id) then
     redis.call('ZADD', queue, redis.call('HINCRBY', KEYS[2], 'qseq', 1), id)
   end

@@ -33,6 +33,13 @@ local function prune(queue, deadlines, waiters, now)
   return #dead
 end
 
+-- Whether any waiter is queued, dead or alive, in one call: the deadlines
+-- set exists exactly while the queue does, as every script that adds to
+-- or takes from one does the same to the other in the same step.
+local function queued(deadlines)
+  return redis.call('EXISTS', deadlines) == 1
+end
+
 -- The oldest live waiter, or nil.
 local function head(queue)
   return redis.call('ZRANGE', queue, 0, 0)[1]
@@ -54,6 +61,10 @@ end
 -- version that did not write it) is only woken, with '0', to try. With an
 -- empty queue, everyone on the lock's channel is woken. Returns nothing.
 local function hand_over(lock, book, queue, deadlines, waiters, prefix, channel, fresh)
+  if not queued(deadlines) then
+    redis.call('PUBLISH', channel, '0')
+    return
+  end
   local now = now_ms()
   prune(queue, deadlines, waiters, now)
   local h = head(queue)
