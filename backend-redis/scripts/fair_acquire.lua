@@ -17,10 +17,10 @@
 -- a grant message sent after this answer from an older one).
 local queue, deadlines, waiters, id = KEYS[3], KEYS[4], KEYS[5], ARGV[4]
 -- With nobody queued (the usual case) there is no clock to read, nothing
--- to prune and no entry to leave (queued()).
-local queued = queued(deadlines)
+-- to prune and no entry to leave (queued(), fair_queue.lua).
+local any_queued = queued(deadlines)
 local now, pruned, first = nil, 0, nil
-if queued then
+if any_queued then
   now = now_ms()
   pruned = prune(queue, deadlines, waiters, now)
   first = head(queue)
@@ -28,7 +28,7 @@ end
 if first == nil or first == id then
   local r = grant()
   if r then
-    if queued and not r.err then
+    if any_queued and not r.err then
       leave(queue, deadlines, waiters, id)
     end
     return r
@@ -36,7 +36,7 @@ if first == nil or first == id then
 end
 local r = wrong_kind() or recover()
 if r then
-  if queued and not r.err then
+  if any_queued and not r.err then
     leave(queue, deadlines, waiters, id)
   end
   return r
