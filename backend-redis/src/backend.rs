@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::config::{Algorithm, Format, RedisConfig};
 use crate::conn::{client_for, Link};
 use crate::errors::{connect_error, to_lock_error, Fail, FailText, RedisFailure, BACKEND};
-use crate::format::{all_scripts, Layout, LockKeys, FAIR, FORCE_RELEASE, RELEASE_MESSAGE};
+use crate::format::{all_scripts, Keys, Layout, LockKeys, FAIR, FORCE_RELEASE, RELEASE_MESSAGE};
 use crate::nodes::{Follower, Nodes};
 use crate::wait::{wake_up, ForeignWake, GrantSlot, Subscriber};
 
@@ -373,6 +373,10 @@ impl RedisBackend {
         self.inner.layout.keys(name)
     }
 
+    fn key_set(&self, name: &LockName) -> Result<Keys, LockError> {
+        self.inner.layout.key_set(name)
+    }
+
     fn err(&self, what: &str, name: &LockName, fail: Fail) -> LockError {
         to_lock_error(
             &self.inner.config,
@@ -422,7 +426,7 @@ impl RedisBackend {
         req: &AcquireRequest,
         waiter: Option<(&str, bool)>,
     ) -> Result<Attempt, LockError> {
-        let keys = self.keys(&req.name)?;
+        let keys = self.key_set(&req.name)?;
         let (ttl, ttl_ms) = self.guarantees().granted_ttl(req.ttl, PX_UNIT);
         let scripts = self.inner.layout.scripts();
         let holder = self.inner.layout.holder(req.owner);
@@ -437,26 +441,26 @@ impl RedisBackend {
             Some(_) => FAIR.acquire.prepare_invoke(),
             None => scripts.acquire.prepare_invoke(),
         };
-        inv.key(&keys.lock).key(&keys.fence);
+        inv.key(&keys.lock).key(keys.fence());
         match (self.inner.layout.format, waiter) {
             // Fair mode is plain-format only (refused at parse otherwise).
             (Format::Plain, Some((id, join))) => inv
-                .key(&keys.queue)
-                .key(&keys.queue_deadlines)
-                .key(&keys.queue_waiters)
+                .key(keys.queue())
+                .key(keys.queue_deadlines())
+                .key(keys.queue_waiters())
                 .arg(&holder)
                 .arg(ttl_ms)
                 .arg(&meta)
                 .arg(id)
                 .arg(if join { "1" } else { "0" })
                 .arg(self.queue_entry_life().as_millis() as u64)
-                .arg(&keys.wake_prefix)
-                .arg(&keys.channel)
+                .arg(keys.wake_prefix())
+                .arg(keys.channel())
                 .arg(GRANT_FRESHNESS.as_millis() as u64),
             // The plain format recognises its own grant by value alone.
             (Format::Plain, None) => inv.arg(&holder).arg(ttl_ms).arg(&meta),
             (Format::Redisson, _) => inv
-                .key(&keys.bookkeeping)
+                .key(keys.bookkeeping())
                 .arg(ttl_ms)
                 .arg(&holder)
                 .arg(u8::from(recover))
@@ -504,7 +508,8 @@ impl RedisBackend {
                     BACKEND,
                     RedisFailure(format!(
                         "acquire of lock {:?}: the fencing counter {} returned {n}",
-                        req.name, keys.fence
+                        req.name,
+                        keys.fence()
                     )),
                 )
             })?;
@@ -553,7 +558,7 @@ impl RedisBackend {
 
     /// [`renew_many`](LockBackend::renew_many) of at most [`RENEW_CHUNK`]
     /// leases: one script run, or on a cluster one per node they span.
-    async fn renew_chunk(&self, batch: &[(&Lease, LockKeys)]) -> Vec<Result<Lease, LockError>> {
+    async fn renew_chunk(&self, batch: &[(&Lease, Keys)]) -> Vec<Result<Lease, LockError>> {
         let cluster = self.inner.nodes.is_some();
         let scripts = self.inner.layout.scripts();
         let script = if cluster {
@@ -574,7 +579,7 @@ impl RedisBackend {
                 let (lease, keys) = &batch[i];
                 let (_, ttl_ms) = self.guarantees().granted_ttl(lease.ttl(), PX_UNIT);
                 inv.arg(&keys.lock)
-                    .arg(&keys.fence)
+                    .arg(keys.fence())
                     .arg(self.inner.layout.holder(lease.owner()))
                     .arg(lease.fence().get())
                     .arg(ttl_ms);
@@ -656,11 +661,11 @@ impl RedisBackend {
     /// Who holds `name`, and whether it is the holder polylock's
     /// bookkeeping records (a lock this library took).
     async fn holder(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
-        let keys = self.keys(name)?;
+        let keys = self.key_set(name)?;
         let mut inv = self.inner.layout.scripts().inspect.prepare_invoke();
-        inv.key(&keys.lock).key(&keys.fence);
+        inv.key(&keys.lock).key(keys.fence());
         if self.inner.layout.format == Format::Redisson {
-            inv.key(&keys.bookkeeping);
+            inv.key(keys.bookkeeping());
         }
         let err = |e: redis::RedisError| self.err("inspect", name, Fail::Redis(e));
         let reply: Vec<redis::Value> = self
@@ -892,19 +897,20 @@ impl RedisBackend {
             Err(e) if !e.is_retryable() || req.wait.is_zero() => return Err(e),
             _ => {}
         }
-        let keys = self.keys(&req.name)?;
+        let keys = self.key_set(&req.name)?;
+        let released = keys.channel();
         let limit = deadline.min(Instant::now() + self.inner.config.timeout);
         let mut subs = Vec::with_capacity(3);
         let (sub, mut subscribed) = match waiter {
-            None => self.inner.subscriber.subscribe(&keys.channel, limit).await,
+            None => self.inner.subscriber.subscribe(&released, limit).await,
             Some(id) => {
                 // The waiter's own channel, on which a fair releaser wakes
                 // it alone; the lock's channel still carries releases with
                 // nobody queued and forced ones.
-                let own = format!("{}{id}", keys.wake_prefix);
+                let own = format!("{}{id}", keys.wake_prefix());
                 let ((own, own_ok), (sub, ok)) = futures::join!(
                     self.inner.subscriber.subscribe(&own, limit),
-                    self.inner.subscriber.subscribe(&keys.channel, limit)
+                    self.inner.subscriber.subscribe(&released, limit)
                 );
                 let _ = grants.set(own.messages());
                 subs.push(own);
@@ -988,16 +994,16 @@ impl RedisBackend {
 
     /// Takes waiter `id` out of the lock's queue, waking the next waiter
     /// if `id` was first and the lock is free.
-    async fn leave_queue(&self, keys: &LockKeys, id: &str) -> Result<(), LockError> {
+    async fn leave_queue(&self, keys: &Keys, id: &str) -> Result<(), LockError> {
         let mut inv = FAIR.leave.prepare_invoke();
         inv.key(&keys.lock)
-            .key(&keys.fence)
-            .key(&keys.queue)
-            .key(&keys.queue_deadlines)
-            .key(&keys.queue_waiters)
+            .key(keys.fence())
+            .key(keys.queue())
+            .key(keys.queue_deadlines())
+            .key(keys.queue_waiters())
             .arg(id)
-            .arg(&keys.wake_prefix)
-            .arg(&keys.channel)
+            .arg(keys.wake_prefix())
+            .arg(keys.channel())
             .arg(GRANT_FRESHNESS.as_millis() as u64);
         self.inner
             .link
@@ -1023,8 +1029,8 @@ impl RedisBackend {
 /// The one piece of the single-instance and the Redlock batches.
 pub(crate) async fn renew_chunked<'a, Fut>(
     leases: &'a [Lease],
-    keys: impl Fn(&LockName) -> Result<LockKeys, LockError>,
-    chunk: impl Fn(Vec<(&'a Lease, LockKeys)>) -> Fut,
+    keys: impl Fn(&LockName) -> Result<Keys, LockError>,
+    chunk: impl Fn(Vec<(&'a Lease, Keys)>) -> Fut,
 ) -> Vec<Result<Lease, LockError>>
 where
     Fut: std::future::Future<Output = Vec<Result<Lease, LockError>>>,
@@ -1086,13 +1092,13 @@ fn new_waiter_id() -> String {
 /// best effort: the entry's deadline removes it otherwise.
 struct QueueEntry {
     backend: RedisBackend,
-    keys: LockKeys,
+    keys: Keys,
     id: String,
     armed: bool,
 }
 
 impl QueueEntry {
-    fn new(backend: RedisBackend, keys: LockKeys) -> Self {
+    fn new(backend: RedisBackend, keys: Keys) -> Self {
         QueueEntry {
             backend,
             keys,
@@ -1210,7 +1216,7 @@ impl LockBackend for RedisBackend {
         if !self.inner.config.fair {
             return self.wait_for(req, None).await;
         }
-        let mut entry = QueueEntry::new(self.clone(), self.keys(&req.name)?);
+        let mut entry = QueueEntry::new(self.clone(), self.key_set(&req.name)?);
         let r = self.wait_for(req, Some(&entry.id)).await;
         match &r {
             // A granting script took the entry out; a request that may not
@@ -1228,12 +1234,12 @@ impl LockBackend for RedisBackend {
     /// Cancel safe: a dropped renew either extended the lease or did not;
     /// the old lease's deadline stays valid either way.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        let keys = self.keys(lease.name())?;
+        let keys = self.key_set(lease.name())?;
         let (_, ttl_ms) = self.guarantees().granted_ttl(lease.ttl(), PX_UNIT);
         let holder = self.inner.layout.holder(lease.owner());
         let mut inv = self.inner.layout.scripts().renew.prepare_invoke();
         inv.key(&keys.lock)
-            .key(&keys.fence)
+            .key(keys.fence())
             .arg(&holder)
             .arg(lease.fence().get())
             .arg(ttl_ms);
@@ -1267,7 +1273,7 @@ impl LockBackend for RedisBackend {
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
         renew_chunked(
             leases,
-            |n| self.keys(n),
+            |n| self.key_set(n),
             |c| async move { self.renew_chunk(&c).await },
         )
         .await
@@ -1281,7 +1287,7 @@ impl LockBackend for RedisBackend {
     /// Cancel safe: a dropped release either happened or did not; the lock
     /// then expires at its TTL.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        let keys = self.keys(lease.name())?;
+        let keys = self.key_set(lease.name())?;
         let holder = self.inner.layout.holder(lease.owner());
         let fair = self.inner.config.fair;
         let mut inv = if fair {
@@ -1290,19 +1296,19 @@ impl LockBackend for RedisBackend {
             self.inner.layout.scripts().release.prepare_invoke()
         };
         inv.key(&keys.lock)
-            .key(&keys.fence)
+            .key(keys.fence())
             .arg(&holder)
             .arg(lease.fence().get());
         if self.inner.layout.format == Format::Redisson {
-            inv.key(&keys.bookkeeping)
+            inv.key(keys.bookkeeping())
                 .arg(self.guarantees().granted_ttl(lease.ttl(), PX_UNIT).1);
         }
-        inv.arg(&keys.channel);
+        inv.arg(keys.channel());
         if fair {
-            inv.key(&keys.queue)
-                .key(&keys.queue_deadlines)
-                .key(&keys.queue_waiters)
-                .arg(&keys.wake_prefix)
+            inv.key(keys.queue())
+                .key(keys.queue_deadlines())
+                .key(keys.queue_waiters())
+                .arg(keys.wake_prefix())
                 .arg(GRANT_FRESHNESS.as_millis() as u64);
         }
         let r: i64 = self
@@ -1389,10 +1395,10 @@ impl LockBackend for RedisBackend {
     /// # Cancel safety
     /// Cancel safe: read only.
     async fn waiters(&self, name: &LockName) -> Result<Option<usize>, LockError> {
-        let keys = self.keys(name)?;
+        let keys = self.key_set(name)?;
         if self.inner.config.fair {
             let mut inv = FAIR.waiters.prepare_invoke();
-            inv.key(&keys.queue_deadlines);
+            inv.key(keys.queue_deadlines());
             let n: i64 = self
                 .inner
                 .link
@@ -1402,7 +1408,7 @@ impl LockBackend for RedisBackend {
             return Ok(Some(n.max(0) as usize));
         }
         let mut cmd = redis::cmd("PUBSUB");
-        cmd.arg("NUMSUB").arg(&keys.channel);
+        cmd.arg("NUMSUB").arg(keys.channel());
         let count = |v: Vec<(String, i64)>| v.first().map_or(0, |(_, n)| *n).max(0) as usize;
         let err = |f| self.err("waiters", name, f);
         let Some(nodes) = &self.inner.nodes else {
@@ -1429,9 +1435,9 @@ impl LockBackend for RedisBackend {
     /// # Cancel safety
     /// Cancel safe: the lock is either removed or not.
     async fn force_release(&self, name: &LockName) -> Result<bool, LockError> {
-        let keys = self.keys(name)?;
+        let keys = self.key_set(name)?;
         let mut inv = FORCE_RELEASE.prepare_invoke();
-        inv.key(&keys.lock).arg(&keys.channel).arg(RELEASE_MESSAGE);
+        inv.key(&keys.lock).arg(keys.channel()).arg(RELEASE_MESSAGE);
         let r: i64 = self
             .inner
             .link

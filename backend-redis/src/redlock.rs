@@ -124,7 +124,7 @@ use crate::backend::{foreign_value, renew_chunked, PX_UNIT};
 use crate::config::{Format, RedisConfig};
 use crate::conn::{client_for, Link};
 use crate::errors::{connect_error, is_retryable, Fail, RedisFailure};
-use crate::format::{Layout, LockKeys, FORCE_RELEASE, RELEASE_MESSAGE};
+use crate::format::{Keys, Layout, LockKeys, FORCE_RELEASE, RELEASE_MESSAGE};
 use crate::wait::{wake_up, Subscriber, Subscription};
 
 /// The backend name in errors and guarantees.
@@ -468,6 +468,10 @@ impl RedlockBackend {
         self.inner.layout.keys(name)
     }
 
+    fn key_set(&self, name: &LockName) -> Result<Keys, LockError> {
+        self.inner.layout.key_set(name)
+    }
+
     fn quorum(&self) -> usize {
         self.inner.config.quorum()
     }
@@ -491,7 +495,7 @@ impl RedlockBackend {
     /// ones (no reply, an error) the undo runs in a background task, since
     /// a hanging node would hold the caller for another timeout. Leaving it
     /// running is safe: it deletes only this attempt's own value.
-    async fn undo(&self, keys: &LockKeys, value: &str, silent: &[usize]) {
+    async fn undo(&self, keys: &Keys, value: &str, silent: &[usize]) {
         let (now, later): (Vec<usize>, Vec<usize>) =
             (0..self.inner.nodes.len()).partition(|i| !silent.contains(i));
         self.undo_on(keys.clone(), value.to_string(), now).await;
@@ -502,9 +506,9 @@ impl RedlockBackend {
         }
     }
 
-    async fn undo_on(&self, keys: LockKeys, value: String, nodes: Vec<usize>) {
+    async fn undo_on(&self, keys: Keys, value: String, nodes: Vec<usize>) {
         let mut inv = UNDO.prepare_invoke();
-        inv.key(&keys.lock).arg(&value).arg(&keys.channel);
+        inv.key(&keys.lock).arg(&value).arg(keys.channel());
         let limit = self.inner.config.timeout;
         let replies = join_all(
             nodes
@@ -525,7 +529,7 @@ impl RedlockBackend {
 
     /// One acquire attempt; see the module docs.
     async fn attempt(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
-        let keys = self.keys(&req.name)?;
+        let keys = self.key_set(&req.name)?;
         let (ttl, ttl_ms) = guarantees().granted_ttl(req.ttl, PX_UNIT);
         let owner = attempt_value(req.owner);
         let scripts = self.inner.layout.scripts();
@@ -536,7 +540,7 @@ impl RedlockBackend {
             .map(lock_core::HolderMeta::encode)
             .unwrap_or_default();
         inv.key(&keys.lock)
-            .key(&keys.fence)
+            .key(keys.fence())
             .arg(&owner)
             .arg(ttl_ms)
             .arg(&meta);
@@ -609,7 +613,7 @@ impl RedlockBackend {
                 let mut raise = RAISE_FENCE.prepare_invoke();
                 raise
                     .key(&keys.lock)
-                    .key(&keys.fence)
+                    .key(keys.fence())
                     .arg(&owner)
                     .arg(fence);
                 let limit = self.inner.config.timeout;
@@ -749,14 +753,14 @@ impl RedlockBackend {
 
     /// [`renew_many`](LockBackend::renew_many) of at most [`RENEW_CHUNK`](crate::backend::RENEW_CHUNK)
     /// leases: one script run on every node.
-    async fn renew_chunk(&self, batch: &[(&Lease, LockKeys)]) -> Vec<Result<Lease, LockError>> {
+    async fn renew_chunk(&self, batch: &[(&Lease, Keys)]) -> Vec<Result<Lease, LockError>> {
         let mut inv = self.inner.layout.scripts().renew_many.prepare_invoke();
         inv.key(&batch[0].1.lock);
         let mut ttls = Vec::with_capacity(batch.len());
         for (lease, keys) in batch {
             let (_, ttl_ms) = guarantees().granted_ttl(lease.ttl(), PX_UNIT);
             inv.arg(&keys.lock)
-                .arg(&keys.fence)
+                .arg(keys.fence())
                 .arg(stored_value(lease))
                 .arg(lease.fence().get())
                 .arg(ttl_ms);
@@ -852,7 +856,7 @@ impl LockBackend for RedlockBackend {
             Err(e) if !e.is_retryable() || req.wait.is_zero() => return Err(e),
             _ => {}
         }
-        let keys = self.keys(&req.name)?;
+        let channel = self.key_set(&req.name)?.channel();
         let deadline = req.wait_deadline();
         let limit = deadline.min(Instant::now() + self.inner.config.timeout);
         // Waits for a majority of confirmed subscriptions, not for all: a
@@ -864,7 +868,7 @@ impl LockBackend for RedlockBackend {
             .inner
             .subscribers
             .iter()
-            .map(|s| s.subscribe(&keys.channel, limit))
+            .map(|s| s.subscribe(&channel, limit))
             .collect();
         let (mut subs, mut confirmed): (Vec<Subscription>, usize) = (Vec::new(), 0);
         while let Some((sub, ok)) = pending.next().await {
@@ -901,11 +905,11 @@ impl LockBackend for RedlockBackend {
     /// Cancel safe: a dropped renew extended the lease on some nodes or
     /// none; the old lease's deadline stays valid either way.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        let keys = self.keys(lease.name())?;
+        let keys = self.key_set(lease.name())?;
         let (_, ttl_ms) = guarantees().granted_ttl(lease.ttl(), PX_UNIT);
         let mut inv = self.inner.layout.scripts().renew.prepare_invoke();
         inv.key(&keys.lock)
-            .key(&keys.fence)
+            .key(keys.fence())
             .arg(stored_value(lease))
             .arg(lease.fence().get())
             .arg(ttl_ms);
@@ -934,7 +938,7 @@ impl LockBackend for RedlockBackend {
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
         renew_chunked(
             leases,
-            |n| self.keys(n),
+            |n| self.key_set(n),
             |c| async move { self.renew_chunk(&c).await },
         )
         .await
@@ -946,13 +950,13 @@ impl LockBackend for RedlockBackend {
     /// Cancel safe: a dropped release removed the lock on some nodes or
     /// none; the rest expires at its TTL.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        let keys = self.keys(lease.name())?;
+        let keys = self.key_set(lease.name())?;
         let mut inv = self.inner.layout.scripts().release.prepare_invoke();
         inv.key(&keys.lock)
-            .key(&keys.fence)
+            .key(keys.fence())
             .arg(stored_value(lease))
             .arg(lease.fence().get())
-            .arg(&keys.channel);
+            .arg(keys.channel());
         let replies = self.on_all::<i64>(&inv).await;
         let mut tally = Tally::new(&self.inner.nodes);
         let mut taken_since = 0;
@@ -994,9 +998,9 @@ impl LockBackend for RedlockBackend {
     /// # Cancel safety
     /// Cancel safe: read only.
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>, LockError> {
-        let keys = self.keys(name)?;
+        let keys = self.key_set(name)?;
         let mut inv = self.inner.layout.scripts().inspect.prepare_invoke();
-        inv.key(&keys.lock).key(&keys.fence);
+        inv.key(&keys.lock).key(keys.fence());
         type Row = (
             Option<String>,
             i64,
@@ -1071,9 +1075,9 @@ impl LockBackend for RedlockBackend {
     /// # Cancel safety
     /// Cancel safe: the lock is removed on some nodes or none.
     async fn force_release(&self, name: &LockName) -> Result<bool, LockError> {
-        let keys = self.keys(name)?;
+        let keys = self.key_set(name)?;
         let mut inv = FORCE_RELEASE.prepare_invoke();
-        inv.key(&keys.lock).arg(&keys.channel).arg(RELEASE_MESSAGE);
+        inv.key(&keys.lock).arg(keys.channel()).arg(RELEASE_MESSAGE);
         let replies = self.on_all::<i64>(&inv).await;
         let mut tally = Tally::new(&self.inner.nodes);
         let mut removed = false;
