@@ -312,8 +312,9 @@ impl Layout {
 
 /// The keys and channels of one lock, each built when asked for.
 ///
-/// An operation needs two to four of the eight (a plain-format acquire only
-/// the lock and its fencing counter), and every operation builds its keys
+/// Outside fair mode an operation needs two to four of the eight (a
+/// plain-format acquire only the lock and its fencing counter, a renewal
+/// batch the same two per lease), and every operation builds its keys
 /// anew: building all of them each time was a sixth of the client's
 /// instructions per acquire + release (callgrind, 64 tasks on distinct
 /// names). Each method returns what the same field of [`LockKeys`] holds.
