@@ -4,6 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -747,6 +748,48 @@ impl SqlBackend {
         })
     }
 
+    /// A waiting acquire's attempt after its first, in a task of its own
+    /// ([`wait::detached`]): a wait cancelled mid-statement then leaves no
+    /// row taken by nobody.
+    async fn retry_detached(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        let (this, req) = (self.clone(), req.clone());
+        wait::detached(
+            async move { this.try_acquire(&req).await },
+            wait::release_if_won(self.clone()),
+        )
+        .await
+    }
+
+    /// PostgreSQL: records on `req`'s row that a waiter wants its release
+    /// notified, until the wait's deadline (`wake_until`, see
+    /// `Dialect::added_columns`). `true` when the row is held (its release
+    /// will notify), `false` when it is free now. Backends whose waiters
+    /// poll have no such statement and answer `true`.
+    ///
+    /// Mutual exclusion does not depend on it: a lost or late answer only
+    /// leaves the waiter to the backoff timer.
+    async fn want_wake(&self, req: &AcquireRequest) -> Result<bool, LockError> {
+        let (Some(sql), Pools::Postgres(p)) = (&self.inner.sql.want_wake, &self.inner.pools) else {
+            return Ok(true);
+        };
+        let left = req
+            .wait_deadline()
+            .saturating_duration_since(Instant::now());
+        let micros = i64::try_from(left.as_micros()).unwrap_or(i64::MAX);
+        let name = req.name.as_str();
+        let rows = self
+            .run("acquire", || async move {
+                sqlx::query(q(sql))
+                    .bind(name)
+                    .bind(micros)
+                    .execute(p)
+                    .await
+                    .map(|done| done.rows_affected())
+            })
+            .await?;
+        Ok(rows > 0)
+    }
+
     /// The version of `name`'s row and whether it is free (`None`: no
     /// row), read in the upkeep lane: the release path.
     async fn after_release(&self, name: &LockName) -> Result<Option<(u64, bool)>, LockError> {
@@ -1003,11 +1046,17 @@ impl LockBackend for SqlBackend {
     }
 
     /// PostgreSQL: woken by LISTEN/NOTIFY, with backoff as the fallback.
+    /// After its first refused attempt a waiter records on the row that it
+    /// wants the release notified (one more statement per wait, none per
+    /// retry), since releases nobody waits for send no NOTIFY; if the row
+    /// is free by then, it tries again at once.
     /// MySQL and SQLite: jittered exponential backoff up to `max_poll`.
     ///
     /// # Cancel safety
-    /// Dropping the future while it waits leaves nothing behind (the
-    /// waiter's only state is a broadcast receiver). The attempts after the
+    /// Dropping the future while it waits leaves no lock behind (the
+    /// waiter's state is a broadcast receiver, and on PostgreSQL the row's
+    /// `wake_until`, which only makes releases notify until the wait's
+    /// deadline). The attempts after the
     /// first run in a task of their own ([`wait::detached`]), so a wait
     /// cancelled while its statement is on the way (queued on SQLite's
     /// worker thread, or sent to the server) lets the statement finish and
@@ -1016,19 +1065,29 @@ impl LockBackend for SqlBackend {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         let backoff = backoff(self.inner.config.max_poll);
         let mut tries = 0u32;
+        // PostgreSQL: whether the row records that this waiter wants its
+        // release notified (a release notifies only then).
+        let asked = AtomicBool::new(self.inner.sql.want_wake.is_none() || req.wait.is_zero());
+        let asked = &asked;
         let attempt = || {
             tries += 1;
             let first = tries == 1;
             async move {
-                if first {
-                    return self.try_acquire(req).await;
+                let won = if first {
+                    self.try_acquire(req).await?
+                } else {
+                    self.retry_detached(req).await?
+                };
+                if won.is_some() || asked.load(Ordering::Relaxed) {
+                    return Ok(won);
                 }
-                let (this, req) = (self.clone(), req.clone());
-                wait::detached(
-                    async move { this.try_acquire(&req).await },
-                    wait::release_if_won(self.clone()),
-                )
-                .await
+                if self.want_wake(req).await? {
+                    asked.store(true, Ordering::Relaxed);
+                    return Ok(None);
+                }
+                // Free by now: its release came before our request, and
+                // there is no later one to be told of.
+                self.retry_detached(req).await
             }
         };
         match &self.inner.hub {
@@ -1324,6 +1383,7 @@ impl LockBackend for SqlBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::FutureExt;
 
     /// docs/sql.md: renewals and releases get `ceil(pool_size / 4)`
     /// connections beyond `pool_size`, at most 4.
@@ -1346,10 +1406,24 @@ mod tests {
         .unwrap()
     }
 
-    /// The release statement's pg_notify reaches a waiter armed on the
-    /// same name, and only that one: the wake-up is NOTIFY, not a timer.
+    fn waiting(name: &str, wait: Duration) -> AcquireRequest {
+        AcquireRequest::new(
+            LockName::new(name).unwrap(),
+            OwnerToken::random(),
+            Duration::from_secs(30),
+            wait,
+        )
+        .unwrap()
+    }
+
+    /// A release NOTIFYs only while a waiter has asked for it (`want_wake`,
+    /// until its wait's deadline), and the notification wakes waiters armed
+    /// on that name only. Notifications reach the listener in commit order,
+    /// so one sent by an earlier release would be delivered before a later
+    /// one's: a waiter not yet woken when the later one arrived was not
+    /// notified.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn postgres_release_wakes_armed_waiter_of_that_name_only() {
+    async fn postgres_release_notifies_only_waiters_that_asked() {
         let server = tokio::task::spawn_blocking(testkit::PostgresServer::start)
             .await
             .unwrap()
@@ -1360,23 +1434,52 @@ mod tests {
         hub.ensure_listening(Duration::from_secs(10)).await;
         assert!(hub.is_listening());
 
+        // Nobody asked.
+        let lease = holder
+            .try_acquire(&request("quiet"))
+            .await
+            .unwrap()
+            .unwrap();
+        let quiet = hub.arm(&Arc::from("quiet"));
+        holder.release(&lease).await.unwrap();
+        // Asked, but the wait ended before the release.
+        let lease = holder.try_acquire(&request("late")).await.unwrap().unwrap();
+        let late = hub.arm(&Arc::from("late"));
+        let short = waiting("late", Duration::from_millis(100));
+        assert!(waiter.want_wake(&short).await.unwrap(), "held");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        holder.release(&lease).await.unwrap();
+
         let lease = holder.try_acquire(&request("job")).await.unwrap().unwrap();
         let other = hub.arm(&Arc::from("other-job"));
         let mine = hub.arm(&Arc::from("job"));
+        let job = waiting("job", Duration::from_secs(30));
+        assert!(waiter.want_wake(&job).await.unwrap(), "held");
         holder.release(&lease).await.unwrap();
         tokio::time::timeout(Duration::from_secs(2), mine)
             .await
-            .expect("the release's NOTIFY woke the waiter");
+            .expect("the release's NOTIFY woke the waiter that asked");
+        assert!(
+            quiet.now_or_never().is_none(),
+            "a release nobody waited for sent a NOTIFY"
+        );
+        assert!(
+            late.now_or_never().is_none(),
+            "a release sent a NOTIFY after the waiter's deadline"
+        );
         assert!(
             tokio::time::timeout(Duration::from_millis(300), other)
                 .await
                 .is_err(),
             "a waiter on another name was woken"
         );
+        // A free row: the waiter is told to try again at once.
+        assert!(!waiter.want_wake(&job).await.unwrap(), "free");
 
-        // force_release notifies too.
+        // force_release notifies a waiter that asked, too.
         let lease = holder.try_acquire(&request("job")).await.unwrap().unwrap();
         let mine = hub.arm(&Arc::from("job"));
+        assert!(waiter.want_wake(&job).await.unwrap(), "held");
         assert!(holder.force_release(lease.name()).await.unwrap());
         tokio::time::timeout(Duration::from_secs(2), mine)
             .await
@@ -1429,6 +1532,8 @@ mod tests {
             }
         };
         let mine = hub.arm(&Arc::from("job"));
+        let job = waiting("job", Duration::from_secs(30));
+        assert!(waiter.want_wake(&job).await.unwrap(), "held");
         holder.release(&lease).await.unwrap();
         tokio::time::timeout(Duration::from_secs(2), mine)
             .await

@@ -72,7 +72,9 @@ impl Dialect {
     pub fn lock_table_ddl(self, table: &str) -> String {
         let meta = self
             .added_columns()
+            .into_iter()
             .map(|(name, def)| format!("{name} {def}"))
+            .collect::<Vec<_>>()
             .join(",\n  ");
         match self {
             // TEXT under SQLite's default BINARY collation compares bytes:
@@ -122,20 +124,26 @@ impl Dialect {
     ///   out. The metadata is shown only while it equals `version`, so a grant
     ///   by a client of an earlier version (which does not know the columns)
     ///   never shows the previous holder's metadata as its own.
-    pub(crate) fn added_columns(self) -> [(&'static str, String); 2] {
+    /// - `wake_until` (PostgreSQL only): until when a waiter wants to hear of
+    ///   the row's release. A release sends its NOTIFY only while it is in
+    ///   the future: every committing NOTIFY takes one database-wide lock,
+    ///   so notifying releases nobody waits for would serialise the
+    ///   commits of unrelated locks.
+    pub(crate) fn added_columns(self) -> Vec<(&'static str, String)> {
         let max = HolderMeta::MAX_ENCODED;
         match self {
-            Dialect::Sqlite => [
+            Dialect::Sqlite => vec![
                 ("holder_meta", "TEXT NULL".into()),
                 ("meta_version", "INTEGER NULL".into()),
             ],
-            Dialect::Postgres => [
+            Dialect::Postgres => vec![
                 ("holder_meta", format!("VARCHAR({max}) NULL")),
                 ("meta_version", "BIGINT NULL".into()),
+                ("wake_until", "TIMESTAMPTZ NULL".into()),
             ],
             // Printable ASCII only, so bytes are as good as text, and the
             // table keeps one comparison rule.
-            Dialect::MySql => [
+            Dialect::MySql => vec![
                 ("holder_meta", format!("VARBINARY({max}) NULL")),
                 ("meta_version", "BIGINT UNSIGNED NULL".into()),
             ],
@@ -276,8 +284,14 @@ pub(crate) struct Statements {
     /// The batched renewal, see [`RenewBatch`].
     pub(crate) renew_batch: RenewBatch,
     /// Binds: name, owner, version (PG: + notify channel). PG returns a row
-    /// per freed row; others report rows affected.
+    /// per freed row (and notifies when a waiter asked, see `want_wake`);
+    /// others report rows affected.
     pub(crate) release: Arc<str>,
+    /// PostgreSQL: a waiter's request to be notified of the release of a
+    /// held row (binds: name, microseconds it may wait). Updates the row
+    /// only while it is held, so 0 rows means it is free now: try again
+    /// at once. Others: `None` (their waiters poll).
+    pub(crate) want_wake: Option<Arc<str>>,
     /// As `acquire`, but also takes a live row held under the same owner:
     /// for a retry after an attempt whose answer was lost (see
     /// `SqlBackend::try_acquire`).
@@ -305,6 +319,14 @@ pub(crate) struct Statements {
     pub(crate) fence_read: Arc<str>,
     /// The LISTEN/NOTIFY channel (PostgreSQL).
     pub(crate) channel: String,
+}
+
+/// PostgreSQL: the column a release returns for each freed row of `freed`
+/// (`name`, `wake_until`), which NOTIFYs `channel` only while a waiter
+/// wants it. CASE evaluates the call only in its taken branch, so an
+/// unwatched release queues no notification and takes no notify lock.
+fn pg_notify_if_wanted(channel: &str) -> String {
+    format!("CASE WHEN wake_until > clock_timestamp() THEN pg_notify({channel}, name)::text END")
 }
 
 /// The holder metadata of a row, shown only when the grant that wrote it
@@ -537,6 +559,7 @@ impl Statements {
                     fence_read: s(format!(
                         "SELECT token FROM {fence_table} WHERE resource = ?1"
                     )),
+                    want_wake: None,
                     channel,
                 }
             }
@@ -597,13 +620,24 @@ impl Statements {
                         exp = ttl("b.units")
                     ))),
                     // The NOTIFY is part of the release statement, so it is
-                    // sent exactly when the release commits.
+                    // sent exactly when the release commits; only while a
+                    // waiter wants it (`wake_until`, see `added_columns`).
+                    // A waiter's `want_wake` and a release update the same
+                    // row, so one of them sees the other: the release
+                    // notifies, or the waiter finds the row free.
                     release: s(format!(
                         "WITH freed AS (UPDATE {t} SET owner = NULL, expires_at = {now}, \
                          holder_meta = NULL \
-                         WHERE name = $1 AND owner = $2 AND version = $3 RETURNING name) \
-                         SELECT pg_notify($4, name)::text FROM freed"
+                         WHERE name = $1 AND owner = $2 AND version = $3 \
+                         RETURNING name, wake_until) \
+                         SELECT {notify} FROM freed",
+                        notify = pg_notify_if_wanted("$4")
                     )),
+                    want_wake: Some(s(format!(
+                        "UPDATE {t} SET wake_until = GREATEST(wake_until, {until}) \
+                         WHERE name = $1 AND owner IS NOT NULL AND expires_at > {now}",
+                        until = ttl("$2")
+                    ))),
                     version_of: s(format!("SELECT version FROM {t} WHERE name = $1")),
                     after_release: s(format!(
                         "SELECT version, owner IS NULL FROM {t} WHERE name = $1"
@@ -633,8 +667,9 @@ impl Statements {
                         "WITH freed AS (UPDATE {t} SET owner = NULL, expires_at = {now}, \
                          holder_meta = NULL \
                          WHERE name = $1 AND owner IS NOT NULL AND expires_at > {now} \
-                         RETURNING name) \
-                         SELECT pg_notify($2, name)::text FROM freed"
+                         RETURNING name, wake_until) \
+                         SELECT {notify} FROM freed",
+                        notify = pg_notify_if_wanted("$2")
                     )),
                     fence_check: s(dialect.fence_check_sql(fence_table)),
                     fence_read: s(format!(
@@ -778,6 +813,7 @@ impl Statements {
                     fence_read: s(format!(
                         "SELECT token FROM {fence_table} WHERE resource = ?"
                     )),
+                    want_wake: None,
                     channel,
                 }
             }

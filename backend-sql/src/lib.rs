@@ -30,8 +30,9 @@
 //! | `expires_at` | when the lease ends, by the DATABASE clock |
 //! | `holder_meta` | who took the lock ([`lock_core::HolderMeta`], its one-line form), or `NULL` |
 //! | `meta_version` | the `version` whose grant wrote `holder_meta` |
+//! | `wake_until` | PostgreSQL only: until when a waiter wants the release notified |
 //!
-//! The last two came after the first version of the table: a client adds
+//! The last two (three on PostgreSQL) came after the first version of the table: a client adds
 //! them to a table that lacks them when it connects (each `ALTER TABLE`
 //! only after a look-up shows the column missing, with a bounded wait for
 //! the table lock, and safe when several clients connect at once). A
@@ -80,7 +81,9 @@
 //! # Waiting
 //!
 //! PostgreSQL wakes waiters with LISTEN/NOTIFY (the release statement calls
-//! `pg_notify`); MySQL and SQLite poll with jittered exponential backoff up
+//! `pg_notify`, only while a waiter has asked for it in the row's
+//! `wake_until`: a committing NOTIFY takes a database-wide lock, which
+//! releases nobody waits for should not queue on); MySQL and SQLite poll with jittered exponential backoff up
 //! to `max_poll` (URL option). See [`SqlConfig`] for every option.
 //!
 //! # Fenced writes

@@ -1,7 +1,9 @@
 //! Waiting for a lock: LISTEN/NOTIFY on PostgreSQL, polling elsewhere.
 //!
 //! PostgreSQL: a release runs `pg_notify(channel, name)` in its own
-//! statement, so the notification is sent exactly when the release commits.
+//! statement, so the notification is sent exactly when the release commits
+//! (and only while a waiter asked for it on the row; see
+//! `SqlBackend::want_wake`).
 //! Each client keeps ONE listening connection (opened by its first waiting
 //! acquire, kept for the life of the client) and fans notifications out to
 //! its waiters through a broadcast channel. A waiter subscribes to that
