@@ -625,12 +625,12 @@ impl Statements {
                     // A waiter's `want_wake` and a release update the same
                     // row, so one of them sees the other: the release
                     // notifies, or the waiter finds the row free.
+                    // RETURNING rather than a data-modifying CTE: the same
+                    // rows, for less of the server's CPU.
                     release: s(format!(
-                        "WITH freed AS (UPDATE {t} SET owner = NULL, expires_at = {now}, \
-                         holder_meta = NULL \
+                        "UPDATE {t} SET owner = NULL, expires_at = {now}, holder_meta = NULL \
                          WHERE name = $1 AND owner = $2 AND version = $3 \
-                         RETURNING name, wake_until) \
-                         SELECT {notify} FROM freed",
+                         RETURNING {notify}",
                         notify = pg_notify_if_wanted("$4")
                     )),
                     want_wake: Some(s(format!(
@@ -664,11 +664,9 @@ impl Statements {
                          ORDER BY name COLLATE \"C\" LIMIT $2"
                     )),
                     force_release: s(format!(
-                        "WITH freed AS (UPDATE {t} SET owner = NULL, expires_at = {now}, \
-                         holder_meta = NULL \
+                        "UPDATE {t} SET owner = NULL, expires_at = {now}, holder_meta = NULL \
                          WHERE name = $1 AND owner IS NOT NULL AND expires_at > {now} \
-                         RETURNING name, wake_until) \
-                         SELECT {notify} FROM freed",
+                         RETURNING {notify}",
                         notify = pg_notify_if_wanted("$2")
                     )),
                     fence_check: s(dialect.fence_check_sql(fence_table)),
