@@ -115,6 +115,21 @@ impl SqlConfig {
         }
     }
 
+    /// The URL the driver connects with: polylock's options removed, the
+    /// scheme normalised (`mariadb://` becomes `mysql://`), the password
+    /// included. For tools that open their own driver connection to the
+    /// same database (`polylock bench --url` measures the raw driver next
+    /// to the backend); never log it, print [`redacted_url`](Self::redacted_url).
+    ///
+    /// ```
+    /// use backend_sql::SqlConfig;
+    /// let c = SqlConfig::parse("mariadb://u:pw@db:3306/app?table=locks&ssl-mode=DISABLED").unwrap();
+    /// assert_eq!(c.driver_url(), "mysql://u:pw@db:3306/app?ssl-mode=DISABLED");
+    /// ```
+    pub fn driver_url(&self) -> &str {
+        &self.driver_url
+    }
+
     /// The database kind.
     pub fn dialect(&self) -> Dialect {
         self.dialect

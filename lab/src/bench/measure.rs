@@ -693,6 +693,10 @@ pub struct Held {
     pub client_bytes_per_lock: Option<f64>,
     /// Whether every lock was still held at the end.
     pub all_held: bool,
+    /// Why a server given by `--url` did not let its request counter be
+    /// read (ZooKeeper without `mntr` allowed, etcd without `/metrics` on
+    /// its client port); `None` when it was read or there is no server.
+    pub counters_unread: Option<String>,
 }
 
 pub(crate) async fn held(
@@ -731,10 +735,21 @@ pub(crate) async fn held(
     // Let the renewals of the acquisition burst spread out, then count
     // over one full TTL (three renewal periods).
     sleep(ttl / 3).await;
-    let (c0, us0) = (t.server_requests().await?, t.server_script_us().await?);
+    let mut counters_unread = None;
+    let mut requests_now = async || match t.server_requests().await {
+        Ok(n) => Ok(n),
+        // A server the bench did not start may keep its counters to
+        // itself: the figure is missing, the run goes on.
+        Err(e) if t.connected.is_some() => {
+            counters_unread = Some(e);
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    };
+    let (c0, us0) = (requests_now().await?, t.server_script_us().await?);
     let at = Instant::now();
     sleep(ttl).await;
-    let (c1, us1) = (t.server_requests().await?, t.server_script_us().await?);
+    let (c1, us1) = (requests_now().await?, t.server_script_us().await?);
     let secs = at.elapsed().as_secs_f64();
     let requests = match (c0, c1) {
         (Some(a), Some(b)) => Some(b.saturating_sub(a)),
@@ -769,6 +784,7 @@ pub(crate) async fn held(
         server_us_per_request: us_per_request,
         client_bytes_per_lock: bytes,
         all_held,
+        counters_unread,
     })
 }
 

@@ -2,7 +2,8 @@
 //! measured in the same run (absolute times on a shared machine mean
 //! little).
 //!
-//! For every backend: a server started by the test kit, then the
+//! For every backend: a server started by the test kit (or one given by
+//! URL, [`Options::urls`]), then the
 //! uncontended cycle next to the raw driver (and next to the backend called
 //! without the lock layer, and the lock layer alone), many tasks on distinct names
 //! through one client next to the raw driver, contention on one name (hold
@@ -29,8 +30,13 @@ pub use target::ALL as BACKENDS;
 /// What to measure and how long.
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// Backends by name, from [`BACKENDS`].
+    /// Backends by name, from [`BACKENDS`], each on servers started here.
     pub backends: Vec<String>,
+    /// Lock URLs of servers to measure instead of starting any (`--url`):
+    /// when not empty, [`backends`](Self::backends) is not used. The bench
+    /// writes there: lock names under `bench/`, the raw baseline's keys
+    /// (`raw:*`, `raw-handoff`), a `raw_locks` table, a `/raw` node.
+    pub urls: Vec<String>,
     /// How long each timed measurement runs.
     pub duration: Duration,
     /// Locks held at once in the large hold measurement (the small one
@@ -55,6 +61,7 @@ impl Options {
     pub fn full() -> Options {
         Options {
             backends: BACKENDS.iter().map(|s| s.to_string()).collect(),
+            urls: Vec::new(),
             duration: Duration::from_secs(5),
             held_locks: 10_000,
             held_ttl: Duration::from_secs(15),
@@ -77,16 +84,24 @@ impl Options {
 
     /// Checks the options before anything starts.
     pub fn validate(&self) -> Result<(), String> {
-        if self.backends.is_empty() {
+        for url in &self.urls {
+            target::GivenUrl::parse(url)?;
+        }
+        if self.backends.is_empty() && self.urls.is_empty() {
             return Err("no backends to measure".into());
         }
-        for b in &self.backends {
-            if !BACKENDS.contains(&b.as_str()) {
-                return Err(format!(
-                    "unknown backend `{b}` (known: {})",
-                    BACKENDS.join(", ")
-                ));
-            }
+        // Given URLs replace the started backends: their names do not
+        // matter then.
+        let started = if self.urls.is_empty() {
+            &self.backends[..]
+        } else {
+            &[]
+        };
+        if let Some(b) = started.iter().find(|b| !BACKENDS.contains(&b.as_str())) {
+            return Err(format!(
+                "unknown backend `{b}` (known: {})",
+                BACKENDS.join(", ")
+            ));
         }
         if self.duration < Duration::from_millis(100) {
             return Err("--duration must be at least 100ms".into());
@@ -110,6 +125,9 @@ pub struct BackendReport {
     pub backend: String,
     /// The server's version as it reports it.
     pub server: String,
+    /// The URL measured, password redacted, when the server was given
+    /// (`--url`) rather than started by the test kit.
+    pub connected: Option<String>,
     /// Uncontended acquire + release.
     pub cycle: Cycle,
     /// Tasks on distinct names through one client.
@@ -152,15 +170,28 @@ pub struct Report {
 pub async fn run(opts: &Options) -> Result<Report, String> {
     opts.validate()?;
     let mut out = Vec::new();
-    let n = opts.backends.len();
-    for (i, name) in opts.backends.iter().enumerate() {
+    let subjects = subjects(opts)?;
+    let n = subjects.len();
+    for (i, (name, url)) in subjects.iter().enumerate() {
         let step = |what: &str| progress(&format!("[{}/{n}] {name}: {what}", i + 1));
-        step("starting the server");
-        let t = target::Target::start(name).await?;
+        let t = match url {
+            None => {
+                step("starting the server");
+                target::Target::start(name).await?
+            }
+            Some(url) => {
+                step("connecting");
+                target::Target::connect(url).await?
+            }
+        };
         let locker = polylock::connect(&t.url)
             .await
             .map_err(|e| format!("{name}: {e}"))?;
-        let server = t.server_version().await?;
+        let server = match t.server_version().await {
+            Ok(v) => v,
+            Err(e) if t.connected.is_some() => format!("version not known ({e})"),
+            Err(e) => return Err(e),
+        };
         step("uncontended cycle vs raw");
         let cpu_before = load::CpuTimes::now();
         let cycle = measure::cycle(&t, &locker, opts.duration).await?;
@@ -194,6 +225,7 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
         out.push(BackendReport {
             backend: name.clone(),
             server,
+            connected: t.connected.clone(),
             cycle,
             parallel,
             handoff,
@@ -212,6 +244,30 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
         duration_s: opts.duration.as_secs_f64(),
         backends: out,
     })
+}
+
+/// What to measure, in order: each row's name and, for a server given by
+/// URL, the URL. Rows of given servers are named after the backend of the
+/// same shape (`redis`, `redis-fair`, `postgres`, ...), numbered when one
+/// shape comes twice.
+fn subjects(opts: &Options) -> Result<Vec<(String, Option<String>)>, String> {
+    if opts.urls.is_empty() {
+        return Ok(opts.backends.iter().map(|b| (b.clone(), None)).collect());
+    }
+    let mut out: Vec<(String, Option<String>)> = Vec::new();
+    for url in &opts.urls {
+        let label = target::GivenUrl::parse(url)?.label;
+        let same = out
+            .iter()
+            .filter(|(name, _)| name == label || name.starts_with(&format!("{label}#")))
+            .count();
+        let name = match same {
+            0 => label.to_string(),
+            k => format!("{label}#{}", k + 1),
+        };
+        out.push((name, Some(url.clone())));
+    }
+    Ok(out)
 }
 
 fn progress(line: &str) {

@@ -375,7 +375,10 @@ pub fn verdicts(r: &Report) -> Vec<Verdict> {
                 ),
                 "no server counters".into(),
                 None,
-                "embedded database: there is no server to count requests",
+                &large.counters_unread.as_ref().map_or_else(
+                    || "embedded database: there is no server to count requests".to_string(),
+                    |why| format!("the given server's request counter could not be read: {why}"),
+                ),
             )),
         }
         if let Some(bytes) = large.client_bytes_per_lock {
@@ -597,14 +600,23 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(s, "- Machine: {}", r.machine);
     let _ = writeln!(s, "- Command: `{}`", r.command);
     let _ = writeln!(s, "- Each timed measurement: {:.1} s", r.duration_s);
-    let _ = writeln!(s, "- Servers (started by the test kit on loopback):");
+    let given = r.backends.iter().any(|b| b.connected.is_some());
+    if given {
+        let _ = writeln!(s, "- Servers (given by `--url`, not started by the bench):");
+    } else {
+        let _ = writeln!(s, "- Servers (started by the test kit on loopback):");
+    }
     for b in &r.backends {
-        let _ = writeln!(s, "  - {}: {}", b.backend, b.server);
+        let _ = match &b.connected {
+            Some(url) => writeln!(s, "  - {}: {} at `{url}`", b.backend, b.server),
+            None => writeln!(s, "  - {}: {}", b.backend, b.server),
+        };
     }
     let _ = writeln!(
         s,
         "- The machine's CPU during each backend's timed measurements (all cores; busy is this \
-         bench, its server and anything else; stolen is time the host gave to other guests):"
+         bench, {}anything else; stolen is time the host gave to other guests):",
+        if given { "" } else { "its server and " }
     );
     for b in &r.backends {
         let _ = match b.load {

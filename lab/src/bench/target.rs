@@ -5,7 +5,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
+use redis::IntoConnectionInfo;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::SqliteSynchronous;
@@ -14,6 +15,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zookeeper_client::{Acls, CreateMode};
 
 mod floor;
+mod given;
+
+pub(crate) use given::GivenUrl;
 
 /// Every backend the bench knows, in report order.
 pub const ALL: &[&str] = &[
@@ -38,11 +42,42 @@ enum Servers {
     Zk(testkit::ZooKeeperServer),
 }
 
+/// Where the raw driver and the bench's own probes (`INFO`, `/metrics`,
+/// four-letter words) reach the service: the servers the test kit started,
+/// or a server given by URL. Holds credentials: never printed (no `Debug`).
+pub(crate) enum Reach {
+    /// Each node.
+    Redis(Vec<redis::ConnectionInfo>),
+    Etcd {
+        /// `http://host:port` each.
+        endpoints: Vec<String>,
+        credentials: Option<(String, String)>,
+        /// `host:port` serving `/metrics` over plain HTTP.
+        metrics: String,
+    },
+    /// The driver URL.
+    Pg(String),
+    /// The driver URL.
+    My(String),
+    /// The directory of the raw database file.
+    Lite(std::path::PathBuf),
+    Zk {
+        /// The client's connect string (hosts, then any chroot).
+        connect: String,
+        /// `host:port` of one server, for four-letter words.
+        server: String,
+    },
+}
+
 /// One backend ready to measure.
 pub(crate) struct Target {
     pub(crate) url: String,
     pub(crate) raw: Arc<Raw>,
-    _servers: Servers,
+    reach: Reach,
+    /// The URL, password redacted, when the server was given rather than
+    /// started here.
+    pub(crate) connected: Option<String>,
+    _servers: Option<Servers>,
 }
 
 /// The raw driver: the fewest round trips a lock cycle needs through the
@@ -60,6 +95,37 @@ type Res<T> = Result<T, String>;
 
 fn err(what: &str) -> impl Fn(&dyn std::fmt::Display) -> String + '_ {
     move |e| format!("{what}: {e}")
+}
+
+/// The etcd client's options: the URL's credentials, if any.
+fn etcd_options(credentials: &Option<(String, String)>) -> Option<ConnectOptions> {
+    credentials
+        .as_ref()
+        .map(|(user, password)| ConnectOptions::new().with_user(user, password))
+}
+
+/// What the test kit's servers are reached at.
+fn reach_of(servers: &Servers) -> Res<Reach> {
+    Ok(match servers {
+        Servers::Dir(d) => Reach::Lite(d.path().to_path_buf()),
+        Servers::Pg(s) => Reach::Pg(s.url()),
+        Servers::Maria(s) => Reach::My(s.url()),
+        Servers::Redis(nodes) => Reach::Redis(
+            nodes
+                .iter()
+                .map(|n| n.url().into_connection_info().map_err(|e| e.to_string()))
+                .collect::<Res<_>>()?,
+        ),
+        Servers::Etcd(s) => Reach::Etcd {
+            endpoints: vec![s.endpoint()],
+            credentials: None,
+            metrics: s.addr().to_string(),
+        },
+        Servers::Zk(s) => Reach::Zk {
+            connect: s.connect_string(),
+            server: s.addr().to_string(),
+        },
+    })
 }
 
 impl Target {
@@ -109,23 +175,42 @@ impl Target {
                 ))
             }
         };
-        let raw = Raw::connect(&servers).await?;
+        let reach = reach_of(&servers)?;
+        let raw = Raw::connect(&reach).await?;
         Ok(Target {
             url,
             raw: Arc::new(raw),
-            _servers: servers,
+            reach,
+            connected: None,
+            _servers: Some(servers),
+        })
+    }
+
+    /// Connects to the server of a lock URL instead of starting one, and
+    /// the raw driver to the same server.
+    pub(crate) async fn connect(url: &str) -> Res<Target> {
+        let given = GivenUrl::parse(url)?;
+        let raw = Raw::connect(&given.reach)
+            .await
+            .map_err(|e| format!("{}: {e}", given.redacted))?;
+        Ok(Target {
+            url: url.to_string(),
+            raw: Arc::new(raw),
+            reach: given.reach,
+            connected: Some(given.redacted),
+            _servers: None,
         })
     }
 
     /// The server's version, as the server reports it.
     pub(crate) async fn server_version(&self) -> Res<String> {
-        self.raw.version(&self._servers).await
+        self.raw.version(&self.reach).await
     }
 
     /// The server's own count of requests served so far (summed over
     /// Redlock's nodes); `None` where there is no server (SQLite).
     pub(crate) async fn server_requests(&self) -> Res<Option<u64>> {
-        self.raw.requests(&self._servers).await
+        self.raw.requests(&self.reach).await
     }
 
     /// Time the server has spent running scripts so far, in µs (Redis's
@@ -185,12 +270,12 @@ fn now_ms() -> i64 {
 }
 
 impl Raw {
-    async fn connect(servers: &Servers) -> Res<Raw> {
-        Ok(match servers {
-            Servers::Redis(nodes) => {
+    async fn connect(reach: &Reach) -> Res<Raw> {
+        Ok(match reach {
+            Reach::Redis(nodes) => {
                 let mut conns = Vec::new();
                 for n in nodes {
-                    let c = redis::Client::open(n.url()).map_err(|e| e.to_string())?;
+                    let c = redis::Client::open(n.clone()).map_err(|e| e.to_string())?;
                     conns.push(
                         c.get_multiplexed_async_connection()
                             .await
@@ -199,8 +284,12 @@ impl Raw {
                 }
                 Raw::Redis(conns)
             }
-            Servers::Etcd(s) => {
-                let mut c = etcd_client::Client::connect([s.endpoint()], None)
+            Reach::Etcd {
+                endpoints,
+                credentials,
+                ..
+            } => {
+                let mut c = etcd_client::Client::connect(endpoints, etcd_options(credentials))
                     .await
                     .map_err(|e| format!("raw etcd: {e}"))?;
                 let lease = c
@@ -210,8 +299,8 @@ impl Raw {
                     .id();
                 Raw::Etcd(Box::new(c), lease)
             }
-            Servers::Pg(s) => {
-                let o = PgConnectOptions::from_str(&s.url()).map_err(|e| e.to_string())?;
+            Reach::Pg(url) => {
+                let o = PgConnectOptions::from_str(url).map_err(|e| e.to_string())?;
                 let pool = PgPoolOptions::new()
                     .max_connections(10)
                     .test_before_acquire(false)
@@ -227,8 +316,8 @@ impl Raw {
                 .map_err(|e| e.to_string())?;
                 Raw::Pg(pool)
             }
-            Servers::Maria(s) => {
-                let o = MySqlConnectOptions::from_str(&s.url()).map_err(|e| e.to_string())?;
+            Reach::My(url) => {
+                let o = MySqlConnectOptions::from_str(url).map_err(|e| e.to_string())?;
                 let pool = MySqlPoolOptions::new()
                     .max_connections(10)
                     .test_before_acquire(false)
@@ -244,11 +333,11 @@ impl Raw {
                 .map_err(|e| e.to_string())?;
                 Raw::My(pool)
             }
-            Servers::Dir(d) => {
+            Reach::Lite(dir) => {
                 // The backend's own durability settings, so the raw figure
                 // pays the same fsyncs.
                 let o = SqliteConnectOptions::new()
-                    .filename(d.path().join("raw.db"))
+                    .filename(dir.join("raw.db"))
                     .create_if_missing(true)
                     .journal_mode(SqliteJournalMode::Wal)
                     .synchronous(SqliteSynchronous::Full)
@@ -268,8 +357,8 @@ impl Raw {
                 .map_err(|e| e.to_string())?;
                 Raw::Lite(pool)
             }
-            Servers::Zk(s) => {
-                let c = zookeeper_client::Client::connect(&s.connect_string())
+            Reach::Zk { connect, .. } => {
+                let c = zookeeper_client::Client::connect(connect)
                     .await
                     .map_err(|e| format!("raw zk: {e}"))?;
                 let dirs = CreateMode::Persistent.with_acls(Acls::anyone_all());
@@ -504,7 +593,7 @@ impl Raw {
         Ok(())
     }
 
-    async fn version(&self, servers: &Servers) -> Res<String> {
+    async fn version(&self, reach: &Reach) -> Res<String> {
         Ok(match self {
             Raw::Redis(nodes) => {
                 let info = redis_info(&nodes[0], "server").await?;
@@ -531,7 +620,12 @@ impl Raw {
                     .fetch_one(p)
                     .await
                     .map_err(|e| e.to_string())?;
-                format!("MariaDB {v}")
+                // The MySQL protocol serves both; MariaDB names itself.
+                if v.contains("MariaDB") {
+                    format!("MariaDB {v}")
+                } else {
+                    format!("MySQL {v}")
+                }
             }
             Raw::Lite(p) => {
                 let (v,): (String,) = sqlx::query_as("SELECT sqlite_version()")
@@ -541,10 +635,10 @@ impl Raw {
                 format!("SQLite {v} (embedded)")
             }
             Raw::Zk(_) => {
-                let Servers::Zk(s) = servers else {
+                let Reach::Zk { server, .. } = reach else {
                     return Err("no ZooKeeper server".into());
                 };
-                let srvr = four_letter(s.addr(), "srvr").await?;
+                let srvr = four_letter(server, "srvr").await?;
                 let v = srvr
                     .lines()
                     .find_map(|l| l.strip_prefix("Zookeeper version: "))
@@ -554,7 +648,7 @@ impl Raw {
         })
     }
 
-    async fn requests(&self, servers: &Servers) -> Res<Option<u64>> {
+    async fn requests(&self, reach: &Reach) -> Res<Option<u64>> {
         Ok(Some(match self {
             Raw::Redis(nodes) => {
                 // Script calls only: every lock request is one, and
@@ -567,10 +661,10 @@ impl Raw {
                 sum
             }
             Raw::Etcd(..) => {
-                let Servers::Etcd(s) = servers else {
+                let Reach::Etcd { metrics, .. } = reach else {
                     return Err("no etcd server".into());
                 };
-                let metrics = http_get(s.addr(), "/metrics").await?;
+                let metrics = http_get(metrics, "/metrics").await?;
                 // Every gRPC message received, keepalives included (a
                 // keepalive stream counts once per message, not per stream).
                 metrics
@@ -601,10 +695,10 @@ impl Raw {
             }
             Raw::Lite(_) => return Ok(None),
             Raw::Zk(_) => {
-                let Servers::Zk(s) = servers else {
+                let Reach::Zk { server, .. } = reach else {
                     return Err("no ZooKeeper server".into());
                 };
-                let mntr = four_letter(s.addr(), "mntr").await?;
+                let mntr = four_letter(server, "mntr").await?;
                 mntr.lines()
                     .find_map(|l| l.strip_prefix("zk_packets_received"))
                     .and_then(|v| v.trim().parse().ok())
@@ -643,7 +737,7 @@ fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
     })
 }
 
-async fn read_all(addr: std::net::SocketAddr, request: &[u8]) -> Res<String> {
+async fn read_all(addr: &str, request: &[u8]) -> Res<String> {
     let io = async {
         let mut s = tokio::net::TcpStream::connect(addr).await?;
         s.write_all(request).await?;
@@ -658,11 +752,11 @@ async fn read_all(addr: std::net::SocketAddr, request: &[u8]) -> Res<String> {
     Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
-async fn four_letter(addr: std::net::SocketAddr, word: &str) -> Res<String> {
+async fn four_letter(addr: &str, word: &str) -> Res<String> {
     read_all(addr, word.as_bytes()).await
 }
 
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> Res<String> {
+async fn http_get(addr: &str, path: &str) -> Res<String> {
     read_all(
         addr,
         format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes(),

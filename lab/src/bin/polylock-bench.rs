@@ -1,6 +1,7 @@
 //! `polylock-bench` (run as `polylock bench`): starts each backend's server
-//! through the test kit and measures it next to its raw driver; prints a
-//! table and writes docs/performance.{md,json} and docs/perf/*.svg.
+//! through the test kit (or connects to servers given with `--url`) and
+//! measures it next to its raw driver; prints a table and writes
+//! docs/performance.{md,json} and docs/perf/*.svg.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
@@ -48,6 +49,12 @@ struct Args {
     /// Backends to measure, comma separated (default: all).
     #[arg(long, value_delimiter = ',')]
     backends: Option<Vec<String>>,
+    /// Measure the server of this lock URL instead of starting one
+    /// (repeatable; e.g. redis://:PASSWORD@cache:6379/0, postgres://u@db/app).
+    /// The bench writes there: locks under `bench/`, raw keys `raw:*`, a
+    /// `raw_locks` table, a `/raw` node.
+    #[arg(long = "url", value_name = "URL", conflicts_with = "backends")]
+    urls: Vec<String>,
     /// How long each timed measurement runs (e.g. 5s, 800ms).
     #[arg(long, value_parser = parse_duration)]
     duration: Option<Duration>,
@@ -64,16 +71,19 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// The command that reproduces this run, for the report: the arguments
-/// without `--out` (where the files went does not change the figures).
-fn command_line(args: impl Iterator<Item = String>) -> String {
+/// without `--out` (where the files went does not change the figures), and
+/// every `--url` with its password redacted (the report is meant to be
+/// committed and shared).
+fn command_line(mut args: impl Iterator<Item = String>) -> String {
     let mut words = vec!["polylock bench".to_string()];
-    let mut skip_next = false;
-    for a in args {
-        if std::mem::take(&mut skip_next) {
-            continue;
-        }
+    while let Some(a) = args.next() {
         if a == "--out" {
-            skip_next = true;
+            args.next();
+        } else if a == "--url" {
+            words.push(a);
+            words.extend(args.next().map(|url| lock_core::redact_url(&url)));
+        } else if let Some(url) = a.strip_prefix("--url=") {
+            words.push(format!("--url={}", lock_core::redact_url(url)));
         } else if !a.starts_with("--out=") {
             words.push(a);
         }
@@ -91,6 +101,7 @@ fn main() -> std::process::ExitCode {
     if let Some(b) = args.backends {
         opts.backends = b;
     }
+    opts.urls = args.urls;
     if let Some(d) = args.duration {
         opts.duration = d;
     }
@@ -128,4 +139,43 @@ fn main() -> std::process::ExitCode {
         args.out.display()
     );
     std::process::ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::command_line;
+
+    fn line(args: &[&str]) -> String {
+        command_line(args.iter().map(|a| a.to_string()))
+    }
+
+    #[test]
+    fn the_reported_command_drops_the_output_dir() {
+        assert_eq!(
+            line(&[
+                "--duration",
+                "3s",
+                "--out",
+                "/tmp/x",
+                "--out=/tmp/y",
+                "--quick"
+            ]),
+            "polylock bench --duration 3s --quick"
+        );
+    }
+
+    #[test]
+    fn the_reported_command_never_holds_a_password() {
+        let reported = line(&[
+            "--url",
+            "redis://:s3cret@cache:6379/0",
+            "--url=postgres://app:s3cret@db/app",
+        ]);
+        assert!(!reported.contains("s3cret"), "{reported}");
+        assert!(
+            reported.contains("--url redis://") && reported.contains("@cache:6379/0"),
+            "{reported}"
+        );
+        assert!(reported.contains("--url=postgres://app:"), "{reported}");
+    }
 }

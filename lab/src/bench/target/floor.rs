@@ -29,7 +29,7 @@ use sqlx::postgres::PgListener;
 use tokio::time::{sleep, Instant};
 use zookeeper_client::{Acls, CreateMode};
 
-use super::{Raw, Res, Servers, Target, TTL_MS};
+use super::{etcd_options, Raw, Reach, Res, Target, TTL_MS};
 use crate::bench::measure::QUEUED;
 
 fn fail<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> String + '_ {
@@ -45,9 +45,9 @@ impl Target {
     /// where none is measured (see the module docs).
     pub(crate) async fn raw_handoff(&self, rounds: usize) -> Res<Option<Vec<Duration>>> {
         let mut out = Vec::with_capacity(rounds);
-        match (&self._servers, &*self.raw) {
-            (Servers::Redis(nodes), Raw::Redis(conns)) if nodes.len() == 1 => {
-                let client = redis::Client::open(nodes[0].url()).map_err(fail("redis"))?;
+        match (&self.reach, &*self.raw) {
+            (Reach::Redis(nodes), Raw::Redis(conns)) if nodes.len() == 1 => {
+                let client = redis::Client::open(nodes[0].clone()).map_err(fail("redis"))?;
                 let mut holder = conns[0].clone();
                 let mut waiter = client
                     .get_multiplexed_async_connection()
@@ -97,8 +97,15 @@ impl Target {
                         .map_err(fail("DEL"))?;
                 }
             }
-            (Servers::Etcd(s), Raw::Etcd(holder, _)) => {
-                let waiter = etcd_client::Client::connect([s.endpoint()], None)
+            (
+                Reach::Etcd {
+                    endpoints,
+                    credentials,
+                    ..
+                },
+                Raw::Etcd(holder, _),
+            ) => {
+                let waiter = etcd_client::Client::connect(endpoints, etcd_options(credentials))
                     .await
                     .map_err(fail("etcd waiter"))?;
                 let mut kv = holder.kv_client();
@@ -136,7 +143,7 @@ impl Target {
                     out.push(round(waiting, releasing).await?);
                 }
             }
-            (Servers::Pg(_), Raw::Pg(pool)) => {
+            (Reach::Pg(_), Raw::Pg(pool)) => {
                 let mut listener = PgListener::connect_with(pool)
                     .await
                     .map_err(fail("LISTEN connection"))?;
@@ -189,8 +196,8 @@ impl Target {
                         .map_err(fail("reset"))?;
                 }
             }
-            (Servers::Zk(s), Raw::Zk(holder)) => {
-                let waiter = zookeeper_client::Client::connect(&s.connect_string())
+            (Reach::Zk { connect, .. }, Raw::Zk(holder)) => {
+                let waiter = zookeeper_client::Client::connect(connect)
                     .await
                     .map_err(fail("zk waiter"))?;
                 let path = format!("/raw/{KEY}");
