@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::{BackendReport, Contention, MachineLoad, Report, Summary};
+use super::{BackendReport, Contention, Held, MachineLoad, Report, Summary};
 
 /// One target of issue #17, judged on a run.
 #[derive(Clone, Debug, Serialize)]
@@ -375,10 +375,7 @@ pub fn verdicts(r: &Report) -> Vec<Verdict> {
                 ),
                 "no server counters".into(),
                 None,
-                &large.counters_unread.as_ref().map_or_else(
-                    || "embedded database: there is no server to count requests".to_string(),
-                    |why| format!("the given server's request counter could not be read: {why}"),
-                ),
+                &no_counters(large),
             )),
         }
         if let Some(bytes) = large.client_bytes_per_lock {
@@ -392,6 +389,15 @@ pub fn verdicts(r: &Report) -> Vec<Verdict> {
         }
     }
     v
+}
+
+/// Why held locks have no server request rate: no server (SQLite), or a
+/// server given by `--url` that kept its counter to itself.
+fn no_counters(h: &Held) -> String {
+    match &h.counters_unread {
+        None => "embedded database: there is no server to count requests".into(),
+        Some(why) => format!("the given server's request counter could not be read: {why}"),
+    }
 }
 
 /// The terminal table.
@@ -912,6 +918,25 @@ mod tests {
                 .map(|&u| Duration::from_micros(u))
                 .collect::<Vec<_>>(),
         )
+    }
+
+    #[test]
+    fn missing_request_counters_say_why() {
+        let mut h = Held {
+            locks: 100,
+            ttl_s: 15.0,
+            server_requests_per_s: None,
+            server_us_per_request: None,
+            client_bytes_per_lock: Some(600.0),
+            all_held: true,
+            counters_unread: None,
+        };
+        assert!(no_counters(&h).starts_with("embedded database"));
+        h.counters_unread = Some("127.0.0.1:2181: connection reset".into());
+        assert_eq!(
+            no_counters(&h),
+            "the given server's request counter could not be read: 127.0.0.1:2181: connection reset"
+        );
     }
 
     #[test]
