@@ -172,16 +172,16 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
     let mut out = Vec::new();
     let subjects = subjects(opts)?;
     let n = subjects.len();
-    for (i, (name, url)) in subjects.iter().enumerate() {
+    for (i, (name, given)) in subjects.into_iter().enumerate() {
         let step = |what: &str| progress(&format!("[{}/{n}] {name}: {what}", i + 1));
-        let t = match url {
+        let t = match given {
             None => {
                 step("starting the server");
-                target::Target::start(name).await?
+                target::Target::start(&name).await?
             }
-            Some(url) => {
+            Some(given) => {
                 step("connecting");
-                target::Target::connect(url).await?
+                target::Target::connect(given).await?
             }
         };
         let locker = polylock::connect(&t.url)
@@ -223,7 +223,7 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
         let batch_renew = locker.guarantees().batch_renew;
         drop(locker);
         out.push(BackendReport {
-            backend: name.clone(),
+            backend: name,
             server,
             connected: t.connected.clone(),
             cycle,
@@ -247,16 +247,17 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
 }
 
 /// What to measure, in order: each row's name and, for a server given by
-/// URL, the URL. Rows of given servers are named after the backend of the
-/// same shape (`redis`, `redis-fair`, `postgres`, ...), numbered when one
-/// shape comes twice.
-fn subjects(opts: &Options) -> Result<Vec<(String, Option<String>)>, String> {
+/// URL, the parsed URL. Rows of given servers are named after the backend
+/// of the same shape (`redis`, `redis-fair`, `postgres`, ...), numbered
+/// when one shape comes twice.
+fn subjects(opts: &Options) -> Result<Vec<(String, Option<target::GivenUrl>)>, String> {
     if opts.urls.is_empty() {
         return Ok(opts.backends.iter().map(|b| (b.clone(), None)).collect());
     }
-    let mut out: Vec<(String, Option<String>)> = Vec::new();
+    let mut out: Vec<(String, Option<target::GivenUrl>)> = Vec::new();
     for url in &opts.urls {
-        let label = target::GivenUrl::parse(url)?.label;
+        let given = target::GivenUrl::parse(url)?;
+        let label = given.label;
         let same = out
             .iter()
             .filter(|(name, _)| name == label || name.starts_with(&format!("{label}#")))
@@ -265,7 +266,7 @@ fn subjects(opts: &Options) -> Result<Vec<(String, Option<String>)>, String> {
             0 => label.to_string(),
             k => format!("{label}#{}", k + 1),
         };
-        out.push((name, Some(url.clone())));
+        out.push((name, Some(given)));
     }
     Ok(out)
 }

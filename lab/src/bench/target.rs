@@ -186,15 +186,14 @@ impl Target {
         })
     }
 
-    /// Connects to the server of a lock URL instead of starting one, and
-    /// the raw driver to the same server.
-    pub(crate) async fn connect(url: &str) -> Res<Target> {
-        let given = GivenUrl::parse(url)?;
+    /// Connects the raw driver to a server given by URL instead of
+    /// starting one.
+    pub(crate) async fn connect(given: GivenUrl) -> Res<Target> {
         let raw = Raw::connect(&given.reach)
             .await
             .map_err(|e| format!("{}: {e}", given.redacted))?;
         Ok(Target {
-            url: url.to_string(),
+            url: given.url,
             raw: Arc::new(raw),
             reach: given.reach,
             connected: Some(given.redacted),

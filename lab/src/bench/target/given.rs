@@ -14,6 +14,8 @@ pub(crate) struct GivenUrl {
     /// bench starts itself (`redis-fair` for `?fair=true`), so the same
     /// targets apply.
     pub(crate) label: &'static str,
+    /// The URL as given, password included: for `polylock::connect` only.
+    pub(crate) url: String,
     /// The URL with its password replaced.
     pub(crate) redacted: String,
     pub(crate) reach: Reach,
@@ -36,7 +38,14 @@ impl GivenUrl {
             "redis" | "rediss" => {
                 let c = backend_redis::RedisConfig::parse(url).map_err(config)?;
                 let u = LockUrl::parse(url, &usage).map_err(config)?;
+                if u.options().any(|(k, _)| k == "ca" || k == "tls_ca") {
+                    return Err(format!(
+                        "`{redacted}`: the bench's raw Redis client trusts the system's CA \
+                         certificates only; give the URL without `ca=`"
+                    ));
+                }
                 Ok(GivenUrl {
+                    url: url.to_string(),
                     label: if c.fair() { "redis-fair" } else { "redis" },
                     redacted: c.redacted_url().to_string(),
                     reach: Reach::Redis(redis_nodes(&u, c.db(), c.is_tls())?),
@@ -52,6 +61,7 @@ impl GivenUrl {
                         .map_err(|_| format!("`{redacted}`: bad database `{n}`"))?,
                 };
                 Ok(GivenUrl {
+                    url: url.to_string(),
                     label: "redlock",
                     redacted: c.redacted_url().to_string(),
                     reach: Reach::Redis(redis_nodes(&u, db, false)?),
@@ -64,6 +74,7 @@ impl GivenUrl {
                     .user()
                     .map(|user| (user.to_string(), u.password().unwrap_or("").to_string()));
                 Ok(GivenUrl {
+                    url: url.to_string(),
                     label: "etcd",
                     redacted: c.redacted_url().to_string(),
                     reach: Reach::Etcd {
@@ -86,6 +97,7 @@ impl GivenUrl {
                     _ => ("postgres", Reach::Pg(driver)),
                 };
                 Ok(GivenUrl {
+                    url: url.to_string(),
                     label,
                     redacted: c.redacted_url().to_string(),
                     reach,
@@ -100,6 +112,7 @@ impl GivenUrl {
                     ));
                 }
                 Ok(GivenUrl {
+                    url: url.to_string(),
                     label: "zk",
                     redacted: c.redacted_url().to_string(),
                     reach: Reach::Zk {
@@ -266,5 +279,8 @@ mod tests {
             "{e}"
         );
         assert!(parse_err("no-scheme-here").contains("no scheme"));
+        // The backend would trust this CA; the raw client could not.
+        let e = parse_err("rediss://:s3cret@h:6380/0?ca=/etc/redis/ca.pem");
+        assert!(e.contains("without `ca=`") && !e.contains("s3cret"), "{e}");
     }
 }
