@@ -93,8 +93,9 @@ impl AcquireRequest {
 
     /// The instant the wait ends, counted from now.
     pub fn wait_deadline(&self) -> Instant {
-        // validate_wait guarantees this fits.
-        Instant::now() + self.wait
+        // `wait` is a public field, set perhaps past what new() validated:
+        // saturate rather than panic.
+        crate::lease::later(Instant::now(), self.wait)
     }
 
     /// A lease for this request, granted for `granted_ttl` with `fence`, on a

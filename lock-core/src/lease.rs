@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::LockError;
 use crate::name::LockName;
 use crate::token::{FencingToken, OwnerToken};
 
@@ -34,14 +35,79 @@ impl Default for ClockPolicy {
 }
 
 impl ClockPolicy {
+    /// Refuses a drift that is not a number from 0 up to (not including) 1,
+    /// and a margin above [`MAX_TTL`](crate::MAX_TTL): either would leave no
+    /// lease any time the holder can trust.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_core::ClockPolicy;
+    /// assert!(ClockPolicy::default().validate().is_ok());
+    /// let nan = ClockPolicy { drift: f64::NAN, margin: Duration::ZERO };
+    /// assert!(nan.validate().is_err());
+    /// ```
+    pub fn validate(&self) -> Result<(), LockError> {
+        if !(0.0..1.0).contains(&self.drift) {
+            return Err(LockError::Config(format!(
+                "clock policy: drift {} is not a fraction from 0 up to 1 (0.01 is 1%)",
+                self.drift
+            )));
+        }
+        if self.margin > crate::MAX_TTL {
+            return Err(LockError::Config(format!(
+                "clock policy: margin {:?} is above the longest TTL, {:?}",
+                self.margin,
+                crate::MAX_TTL
+            )));
+        }
+        Ok(())
+    }
+
+    /// How long after its request was sent a lease of `ttl` can be trusted:
+    /// `ttl * (1 - drift) - margin`, zero when the margin eats it all (and
+    /// for a drift [`validate`](ClockPolicy::validate) refuses).
+    pub fn trusted(&self, ttl: Duration) -> Duration {
+        if !(0.0..1.0).contains(&self.drift) {
+            return Duration::ZERO;
+        }
+        ttl.mul_f64(1.0 - self.drift).saturating_sub(self.margin)
+    }
+
     /// The local deadline of a lease of `ttl` whose request was sent at
     /// `sent_at`. Never later than `sent_at + ttl`; `sent_at` itself when the
     /// margin eats the whole TTL.
     pub fn deadline(&self, sent_at: Instant, ttl: Duration) -> Instant {
-        let drift = self.drift.clamp(0.0, 1.0);
-        let trusted = ttl.mul_f64(1.0 - drift).saturating_sub(self.margin);
-        sent_at.checked_add(trusted).unwrap_or(sent_at)
+        later(sent_at, self.trusted(ttl))
     }
+
+    /// Refuses a TTL this policy leaves no renewal room in: a lease must be
+    /// trusted past a third of its TTL, when the watchdog renews it, or the
+    /// holder would count it lost before its first renewal. Checked by the
+    /// acquire methods before any I/O.
+    pub fn check_ttl(&self, ttl: Duration) -> Result<(), LockError> {
+        let trusted = self.trusted(ttl);
+        if trusted <= ttl / 3 {
+            return Err(LockError::InvalidTtl {
+                ttl,
+                reason: format!(
+                    "with a clock drift of {} and a margin of {:?}, a lease of it is \
+                     trusted for {trusted:?}, not past a third of it, when it is renewed: \
+                     use a longer TTL",
+                    self.drift, self.margin
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `at + by`, or about a year after `at` when that does not fit in an
+/// `Instant`: durations reach here from public fields (a request's TTL and
+/// wait, a backoff), which must never make time arithmetic panic.
+pub(crate) fn later(at: Instant, by: Duration) -> Instant {
+    at.checked_add(by)
+        .or_else(|| at.checked_add(crate::MAX_WAIT))
+        .unwrap_or(at)
 }
 
 /// One holder's claim on a lock, as a backend granted it.

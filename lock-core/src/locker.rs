@@ -83,6 +83,7 @@ impl Locker {
     /// Sets the default TTL of locks taken through this locker.
     pub fn with_default_ttl(mut self, ttl: Duration) -> Result<Self, LockError> {
         validate_ttl(ttl)?;
+        self.clock.check_ttl(ttl)?;
         self.ttl = ttl;
         Ok(self)
     }
@@ -105,10 +106,14 @@ impl Locker {
         self
     }
 
-    /// Sets how lease deadlines are computed.
-    pub fn with_clock_policy(mut self, clock: ClockPolicy) -> Self {
+    /// Sets how lease deadlines are computed. Refuses a policy
+    /// [`ClockPolicy::validate`] refuses, and one that leaves the default
+    /// TTL no room for a renewal ([`ClockPolicy::check_ttl`]).
+    pub fn with_clock_policy(mut self, clock: ClockPolicy) -> Result<Self, LockError> {
+        clock.validate()?;
+        clock.check_ttl(self.ttl)?;
         self.clock = clock;
-        self
+        Ok(self)
     }
 
     /// The backend.
@@ -209,8 +214,10 @@ enum Wait {
 }
 
 impl LockBuilder {
-    /// The lease length. Checked (non-zero, at most [`crate::MAX_TTL`]) by
-    /// the acquire methods, before any I/O.
+    /// The lease length. Checked (non-zero, at most [`crate::MAX_TTL`],
+    /// and long enough that the clock policy trusts a lease past its first
+    /// renewal: [`ClockPolicy::check_ttl`]; with the default policy, above
+    /// about 3 ms) by the acquire methods, before any I/O.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
@@ -362,6 +369,7 @@ impl LockBuilder {
             .as_ref()
             .map_or_else(OwnerToken::random, Owner::token);
         let mut req = AcquireRequest::new(name, owner_token, self.ttl, wait_for)?;
+        self.locker.clock.check_ttl(self.ttl)?;
         req.clock = self.locker.clock;
         req.meta = self.meta.clone();
         req.retry = self.locker.retry;

@@ -125,7 +125,7 @@ impl LockBackend for MemoryBackend {
             Entry {
                 owner: req.owner,
                 fence,
-                expires_at: sent_at + req.ttl,
+                expires_at: crate::lease::later(sent_at, req.ttl),
                 meta: req.meta.clone(),
             },
         );
@@ -163,7 +163,7 @@ impl LockBackend for MemoryBackend {
         let mut t = self.table();
         match t.live(lease.name(), sent_at) {
             Some(e) if e.owner == lease.owner() && e.fence == lease.fence() => {
-                e.expires_at = sent_at + lease.ttl();
+                e.expires_at = crate::lease::later(sent_at, lease.ttl());
                 Ok(lease.renewed(lease.ttl(), sent_at))
             }
             _ => Err(LockError::Lost {

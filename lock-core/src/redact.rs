@@ -17,9 +17,14 @@
 /// assert_eq!(redact_url("postgres://u:pa/ss@h/db"), "postgres://u:***@h/db");
 /// assert_eq!(redact_url("sqlite://locks.db"), "sqlite://locks.db");
 /// ```
+///
+/// A URL without `://` (`redis:/u:pw@h`, a typo) still has its credentials
+/// hidden: everything from the first `:` to the last `@`. And a query value
+/// that is itself a URL with credentials, percent-encoded (a migration
+/// lock's `to=`), is shown decoded and redacted.
 pub fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
-        return redact_query(url);
+        return redact_query(&redact_schemeless(url));
     };
     let rest_start = scheme_end + 3;
     let rest = &url[rest_start..];
@@ -34,7 +39,20 @@ pub fn redact_url(url: &str) -> String {
     redact_query(&format!("{}{}{}", &url[..rest_start], user, &rest[at..]))
 }
 
-/// Blanks query parameters that carry secrets (`password=`, `token=`, ...).
+/// A malformed URL without `://`: the first `:` may end the scheme or the
+/// user name, so everything from it to the last `@` is hidden (too much
+/// rather than too little).
+fn redact_schemeless(url: &str) -> String {
+    match (url.find(':'), url.rfind('@')) {
+        (Some(colon), Some(at)) if colon < at => {
+            format!("{}:***{}", &url[..colon], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// Blanks query parameters that carry secrets (`password=`, `token=`, ...),
+/// and redacts a value that is a percent-encoded URL with credentials.
 fn redact_query(url: &str) -> String {
     let Some(q) = url.find('?') else {
         return url.to_string();
@@ -44,10 +62,24 @@ fn redact_query(url: &str) -> String {
         .split('&')
         .map(|kv| match kv.split_once('=') {
             Some((k, _)) if is_secret_key(k) => format!("{k}=***"),
+            Some((k, v)) => match nested_url(v) {
+                Some(inner) => format!("{k}={inner}"),
+                None => kv.to_string(),
+            },
             _ => kv.to_string(),
         })
         .collect();
     format!("{head}{}", parts.join("&"))
+}
+
+/// `value` decoded and redacted, when it percent-decodes to a URL that holds
+/// credentials; `None` for any other value, shown as given.
+fn nested_url(value: &str) -> Option<String> {
+    let decoded = percent_encoding::percent_decode_str(value).decode_utf8_lossy();
+    if !decoded.contains("://") || !decoded.contains('@') {
+        return None;
+    }
+    Some(redact_url(&decoded))
 }
 
 fn is_secret_key(k: &str) -> bool {
@@ -91,6 +123,30 @@ mod tests {
         assert_eq!(
             redact_url("mysql://u:a?b=c@h:3306/db?ssl-mode=REQUIRED"),
             "mysql://u:***@h:3306/db?ssl-mode=REQUIRED"
+        );
+    }
+
+    #[test]
+    fn urls_without_a_scheme_separator_hide_their_credentials() {
+        assert_eq!(redact_url("redis:/app:pw@h"), "redis:***@h");
+        assert_eq!(redact_url("redis//u:pw@h/0"), "redis//u:***@h/0");
+        assert_eq!(redact_url("sqlite::memory:"), "sqlite::memory:");
+        assert_eq!(redact_url("sqlite:a.db?x=1"), "sqlite:a.db?x=1");
+    }
+
+    #[test]
+    fn a_percent_encoded_url_in_the_query_is_redacted() {
+        let shown = redact_url(
+            "migrate+redis://:s3cret@cache/0?to=etcd%3A%2F%2Fu%3Ahunter2%40e%3A2379&phase=both",
+        );
+        assert_eq!(
+            shown,
+            "migrate+redis://:***@cache/0?to=etcd://u:***@e:2379&phase=both"
+        );
+        // Not a URL, or one without credentials: shown as given.
+        assert_eq!(
+            redact_url("redis://h?to=etcd%3A%2F%2Fe&name=a%40b"),
+            "redis://h?to=etcd%3A%2F%2Fe&name=a%40b"
         );
     }
 

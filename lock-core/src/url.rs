@@ -205,7 +205,20 @@ impl LockUrl {
                 .split(',')
                 .map(parse_host)
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(bad)?
+                .map_err(|why| {
+                    // An '@' past the authority: a password with an
+                    // unencoded '/' or '?' was cut there, and the "host"
+                    // holds part of it, so it is not quoted.
+                    if tail.contains('@') {
+                        bad(
+                            "the part before the host is not valid: a password containing \
+                             `/`, `?` or `#` must percent-encode them (`%2F`, `%3F`, `%23`)"
+                                .into(),
+                        )
+                    } else {
+                        bad(why)
+                    }
+                })?
         };
         let (options, raw_options) = split_query(query).map_err(bad)?;
         Ok(LockUrl {
@@ -488,6 +501,13 @@ mod tests {
         for pw in ["pa/ss", "q?r", "ab#c"] {
             let m = err(&format!("redis://u:{pw}@host:1/0"));
             assert!(!m.contains(pw), "{m}");
+        }
+        // Not even the part before the cut, which the split takes for a
+        // host and a port.
+        for url in ["redis://app:S3cr3t/x@cache", "redis://app:S3cr3t?x@cache/0"] {
+            let m = err(url);
+            assert!(!m.contains("S3cr3t"), "{m}");
+            assert!(m.contains("percent-encode"), "{m}");
         }
     }
 

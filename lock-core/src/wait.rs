@@ -140,11 +140,13 @@ where
             Err(e) if !e.is_retryable() || now >= deadline => return Err(e),
             _ => {}
         }
-        let until = deadline.min(now + Backoff::jittered(delay));
+        let until = deadline.min(crate::lease::later(now, Backoff::jittered(delay)));
         tokio::select! {
             _ = wake => {}
             _ = sleep_until(until) => {
-                delay = (delay * 2).min(backoff.max.max(backoff.initial));
+                delay = delay
+                    .saturating_mul(2)
+                    .min(backoff.max.max(backoff.initial));
             }
         }
     }

@@ -137,8 +137,8 @@ fn schedule(inner: &Arc<Inner>, held: &Arc<Held>) {
         let lease = held.lease();
         (lease.sent_at(), lease.ttl())
     };
-    let at = sent_at + ttl / 3;
-    let early = sent_at + ttl / 4;
+    let at = crate::lease::later(sent_at, ttl / 3);
+    let early = crate::lease::later(sent_at, ttl / 4);
     let mut st = lock(inner);
     // Released leases stay queued until their renewal time comes round;
     // with many short holdings that adds up, so sweep them out once the
@@ -243,12 +243,14 @@ async fn run(inner: Weak<Inner>, generation: u64) {
         let mut due = Vec::new();
         let next = {
             let mut st = lock(&strong);
-            // The heap is ordered by due time: the leases past their early
-            // point behind the first one that is not are left for later.
+            // The heap is ordered by due time. Leases past their early
+            // point ride along only with a wake-up that renews something
+            // anyway (a batch that would otherwise follow shortly); an idle
+            // wake-up must not renew them at a quarter of their TTL.
             while st
                 .queue
                 .peek()
-                .is_some_and(|Reverse(e)| e.at <= now || e.early <= now)
+                .is_some_and(|Reverse(e)| e.at <= now || (!due.is_empty() && e.early <= now))
             {
                 if let Some(Reverse(e)) = st.queue.pop() {
                     due.push(e.held);

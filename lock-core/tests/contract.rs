@@ -592,6 +592,31 @@ async fn a_revoked_lease_is_not_reentered() {
     assert!(guard.release().await.is_err());
 }
 
+#[tokio::test(start_paused = true)]
+async fn the_watchdog_renews_at_a_third_of_the_ttl_not_before() {
+    let backend = Probe::default();
+    let locker = Locker::new(backend.clone());
+    let guard = locker
+        .lock("third")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let sent_at = guard.lease().sent_at();
+    // The scheduler wakes every second while idle: none of those wake-ups
+    // may renew a lease a third of whose TTL has not passed.
+    tokio::time::sleep_until(sent_at + Duration::from_millis(9_900)).await;
+    assert_eq!(backend.renews.load(Ordering::SeqCst), 0, "renewed early");
+    tokio::time::sleep_until(sent_at + Duration::from_millis(10_100)).await;
+    assert_eq!(backend.renews.load(Ordering::SeqCst), 1);
+    // The next one a third of the TTL after that renewal was sent.
+    tokio::time::sleep_until(sent_at + Duration::from_millis(19_900)).await;
+    assert_eq!(backend.renews.load(Ordering::SeqCst), 1, "renewed early");
+    tokio::time::sleep_until(sent_at + Duration::from_millis(20_100)).await;
+    assert_eq!(backend.renews.load(Ordering::SeqCst), 2);
+    guard.release().await.unwrap();
+}
+
 // ---- item 14 ----
 
 #[tokio::test(start_paused = true)]

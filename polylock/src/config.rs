@@ -169,8 +169,14 @@ impl Config {
             &at,
         )?;
         let ttl = duration(root, "ttl", true, &at)?;
+        if let Some(ttl) = ttl {
+            lock_core::validate_ttl(ttl).map_err(|e| at("ttl", &e))?;
+        }
         // A wait of zero is one attempt.
         let wait = duration(root, "wait", false, &at)?;
+        if let Some(wait) = wait {
+            lock_core::validate_wait(wait).map_err(|e| at("wait", &e))?;
+        }
         let watchdog = match root.get("watchdog") {
             None => true,
             Some(item) => item
@@ -656,6 +662,14 @@ ca = "/etc/ssl/ca.pem"
             ("url = 5", "key `url`: expected a string"),
             ("url = \"redis://h\"\nttl = \"0s\"", "key `ttl`"),
             (
+                "url = \"redis://h\"\nttl = \"9000h\"",
+                "key `ttl`: invalid TTL",
+            ),
+            (
+                "url = \"redis://h\"\nwait = \"9000h\"",
+                "key `wait`: invalid wait",
+            ),
+            (
                 "url = \"redis://h\"\nttl = 30",
                 "key `ttl`: expected a duration",
             ),
@@ -759,5 +773,15 @@ target_password_env = "ETCD_PASSWORD"
         let c = Config::from_url("redis://:inline-pw@h");
         assert_eq!((c.ttl(), c.wait(), c.watchdog()), (None, None, true));
         no_secret(&format!("{c} {c:?}"));
+    }
+
+    #[test]
+    fn a_migration_url_hides_both_passwords() {
+        let c = Config::from_url(
+            "migrate+redis://:inline-pw@h/0?to=etcd%3A%2F%2Fu%3As3cret%40e%3A2379&phase=both",
+        );
+        let shown = format!("{c} {c:?}");
+        no_secret(&shown);
+        assert!(shown.contains("etcd://u:***@e:2379"), "{shown}");
     }
 }

@@ -179,3 +179,39 @@ fn holders_are_described_and_listed_on_zookeeper() {
     let url = format!("zk://{}", server.connect_string());
     holders_are_described_and_listed(dir.path(), Some(&url));
 }
+
+/// polylock paused past the lease's deadline while the command finishes,
+/// and the server frozen so the release cannot answer: the loss was known
+/// before the release, so `run` exits `lock lost` (76), not with the
+/// command's code because the release timed out.
+#[test]
+fn a_loss_known_before_an_unanswered_release_exits_lock_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, url) = redis();
+    let run = polylock(dir.path(), Some(&url))
+        .args([
+            "run",
+            "--ttl",
+            "1s",
+            "late",
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > pid; while [ ! -e go ]; do sleep 0.05; done",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    read_pid(&dir.path().join("pid"));
+    let polylock_pid = nix::unistd::Pid::from_raw(run.id() as i32);
+    server.pause().unwrap();
+    nix::sys::signal::kill(polylock_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    // The command ends while polylock is stopped, past the lease's deadline.
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    nix::sys::signal::kill(polylock_pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let out = run.wait_with_output().unwrap();
+    server.resume().unwrap();
+    assert_eq!(out.status.code(), Some(76), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("lost"), "{}", text(&out.stderr));
+}

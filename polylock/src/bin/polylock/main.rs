@@ -101,6 +101,12 @@ impl LockFlags {
         self.ttl.or(config.ttl()).unwrap_or(Duration::from_secs(30))
     }
 
+    /// Refuses a TTL or wait out of range, before connecting.
+    fn check(&self, config: &Config) -> Result<(), Failure> {
+        run::check_ttl(None, self.ttl(config))?;
+        run::check_wait(self.args(config, "").wait)
+    }
+
     /// `command`: what `status` shows as the holder's command line.
     fn args(&self, config: &Config, command: &str) -> run::LockArgs {
         run::LockArgs {
@@ -421,7 +427,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                 Some(line) => vec!["sh".into(), "-c".into(), line.into()],
                 None => command,
             };
-            run::check_ttl(None, lock.ttl(&config))?;
+            lock.check(&config)?;
             let locker = connect(&config).await?;
             let line = command
                 .iter()
@@ -431,7 +437,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             run::run(&locker, &lock.args(&config, &line), grace, &command).await
         }
         Command::Hold { lock } => {
-            run::check_ttl(None, lock.ttl(&config))?;
+            lock.check(&config)?;
             let args = lock.args(&config, "polylock hold");
             run::hold(&connect(&config).await?, &args).await
         }

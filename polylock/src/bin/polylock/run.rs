@@ -72,7 +72,8 @@ impl Signals {
 }
 
 /// Refuses a TTL the watchdog cannot keep: below [`MIN_TTL`] (checked
-/// before connecting, with `backend` None) or below the backend's minimum.
+/// before connecting, with `backend` None) or below the backend's minimum;
+/// and one above [`polylock::MAX_TTL`].
 pub(crate) fn check_ttl(backend: Option<&Guarantees>, ttl: Duration) -> Result<(), Failure> {
     let backend_min = backend.map_or(Duration::ZERO, |g| g.min_ttl);
     let floor = MIN_TTL.max(backend_min);
@@ -95,7 +96,12 @@ pub(crate) fn check_ttl(backend: Option<&Guarantees>, ttl: Duration) -> Result<(
             ),
         ));
     }
-    Ok(())
+    polylock::validate_ttl(ttl).map_err(|e| Failure::new(exit::USAGE, e.to_string()))
+}
+
+/// Refuses a wait above [`polylock::MAX_WAIT`], before connecting.
+pub(crate) fn check_wait(wait: Duration) -> Result<(), Failure> {
+    polylock::validate_wait(wait).map_err(|e| Failure::new(exit::USAGE, e.to_string()))
 }
 
 /// Takes the lock, or explains why not (exit `conflict` when held elsewhere).
@@ -129,8 +135,17 @@ async fn take(
     }
 }
 
-/// Releases at the end, within [`RELEASE_BUDGET`]. `Err(Lost)` passes through.
+/// Releases at the end, within [`RELEASE_BUDGET`]. `Err(Lost)` passes
+/// through, also when the loss was known here before the release (a lease
+/// past its deadline) and the release then timed out or failed: the loss,
+/// not the lock service's silence, is what the caller must hear.
 async fn release(guard: LockGuard, ttl: Duration) -> Result<(), LockError> {
+    if !guard.is_held() {
+        let name = guard.name().to_string();
+        // Only cleans up; bounded, since the answer is known already.
+        let _ = timeout(RELEASE_BUDGET, guard.release()).await;
+        return Err(LockError::Lost { name });
+    }
     match timeout(RELEASE_BUDGET, guard.release()).await {
         Ok(Err(e)) if e.is_lost() => Err(e),
         Ok(Err(e)) => {
