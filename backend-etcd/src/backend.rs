@@ -307,15 +307,16 @@ impl EtcdBackend {
         // Fast path: this client holds exactly this claim. The key embeds
         // our session's lease id, and only this client creates it, one
         // claim per name at a time (the slot, held until the key is gone).
-        // So the key in etcd is this very claim or nothing, and a plain
-        // delete is as safe as a compare-and-delete, and cheaper for etcd.
+        // So the key in etcd is this very claim, or nothing, or a later
+        // claim of ours made after this one was reaped: the delete compares
+        // the create revision (one request still), not the value.
         if let Some(s) = session
             .as_ref()
             .filter(|s| s.holds(key, lease.owner(), rev))
         {
             let deleted = {
                 let mut attempt = ReleaseAttempt::new(self, key, rev);
-                let deleted = queue::delete_own(self.conn(), key).await?;
+                let deleted = queue::delete_own(self.conn(), key, rev).await?;
                 attempt.nothing_deleted = !deleted;
                 deleted
             };

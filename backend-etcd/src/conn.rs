@@ -121,21 +121,6 @@ impl Conn {
     }
 
     /// Deletes one key; how many keys were deleted.
-    pub(crate) async fn delete(
-        &self,
-        what: &str,
-        retry: Retry,
-        key: &str,
-    ) -> Result<i64, LockError> {
-        self.call(what, retry, || {
-            let mut kv = self.kv.clone();
-            let key = key.to_string();
-            async move { kv.delete(key, None).await }
-        })
-        .await
-        .map(|r| r.deleted())
-    }
-
     /// Grants a lease of `ttl_secs`; returns (id, granted TTL in seconds).
     pub(crate) async fn grant(&self, ttl_secs: i64) -> Result<(i64, i64), LockError> {
         // A repeated grant at worst leaves an unused lease that etcd expires.

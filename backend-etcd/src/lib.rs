@@ -34,9 +34,13 @@
 //!   key directly under the prefix whose rest is a lease id, so `a` and
 //!   `a/b` are different locks.
 //! - **Order.** The claim with the lowest create revision holds. A waiter
-//!   watches the deletion of the claim just before its own and of the one
-//!   before that (never the whole queue: no thundering herd), from "now", with a check read if writes landed since its read
-//!   of the queue, so no delete is missed; on a delete it reads the queue
+//!   waits for the deletion of the claim just before its own and of the one
+//!   before that, and reads the queue again only on those: no thundering
+//!   herd of reads on every release. The deletes come through one range
+//!   watch per lock per client (from "now", shared by that client's
+//!   waiters, so each client receives every delete of the lock's claims
+//!   once), with a check read if writes landed since the waiter's read of
+//!   the queue, so no delete is missed; on a delete it reads the queue
 //!   again (the claims ahead and its own claim, in one transaction). The
 //!   waiter whose only claim ahead is the holder's watches both keys on one
 //!   range watch instead (deletes of other keys sorting between the two

@@ -623,18 +623,26 @@ pub(crate) async fn claim_count(conn: &Conn, lock_prefix: &str) -> Result<usize,
         .count())
 }
 
-/// Deletes `key` unconditionally; whether it existed. Only for a claim this
-/// client holds (see the backend's release for why that is safe).
+/// Deletes the claim `key` created at `create_rev`; whether it existed. For
+/// a claim this client holds: its value is not compared (see the backend's
+/// release), but its revision is, since the same key may be created again
+/// by this client once the claim is gone (its lease reaped, the slot freed)
+/// while this delete is on its way.
 ///
 /// # Cancel safety
 /// Cancel safe: the delete happened or not.
-pub(crate) async fn delete_own(conn: &Conn, key: &str) -> Result<bool, LockError> {
+pub(crate) async fn delete_own(conn: &Conn, key: &str, create_rev: i64) -> Result<bool, LockError> {
+    let txn = Txn::new()
+        .when(vec![Compare::create_revision(
+            key,
+            CompareOp::Equal,
+            create_rev,
+        )])
+        .and_then(vec![TxnOp::delete(key, None)]);
     // Not repeated after an unclear failure: a second delete would find
     // nothing and make a clean release look like a lost one.
-    Ok(conn
-        .delete("releasing the lock", Retry::NotSent, key)
-        .await?
-        > 0)
+    let r = conn.txn("releasing the lock", Retry::NotSent, txn).await?;
+    Ok(r.succeeded())
 }
 
 /// How waiting for a delete ended.
@@ -839,7 +847,9 @@ mod tests {
         let conn = etcd_conn(&server).await;
         let ahead = put(&conn, "q/ahead").await;
         let seen_at = claim_of_rev(&conn, "q/ahead").await;
-        assert!(delete_own(&conn, "q/ahead").await.unwrap());
+        assert!(delete_own(&conn, "q/ahead", ahead.create_rev)
+            .await
+            .unwrap());
         let ended = tokio::time::timeout(
             std::time::Duration::from_secs(30),
             wait_deleted(&conn, &ahead.key, seen_at),
@@ -852,9 +862,16 @@ mod tests {
         // key) before the watch: still a delete of the claim we waited for.
         let ahead = put(&conn, "q/again").await;
         let seen_at = claim_of_rev(&conn, "q/again").await;
-        assert!(delete_own(&conn, "q/again").await.unwrap());
+        assert!(delete_own(&conn, "q/again", ahead.create_rev)
+            .await
+            .unwrap());
         let again = put(&conn, "q/again").await;
         assert_ne!(again.create_rev, ahead.create_rev);
+        // A late delete of the first claim leaves the second alone.
+        assert!(!delete_own(&conn, "q/again", ahead.create_rev)
+            .await
+            .unwrap());
+        assert!(claim_of(&conn, "q/again").await.unwrap().is_some());
         let ended = tokio::time::timeout(
             std::time::Duration::from_secs(30),
             wait_deleted(&conn, &ahead.key, seen_at),
@@ -875,7 +892,7 @@ mod tests {
         // Long enough for the created answer and the check read.
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         assert!(!waiting.is_finished(), "woke while the claim is held");
-        assert!(delete_own(&conn, "q/held").await.unwrap());
+        assert!(delete_own(&conn, "q/held", ahead.create_rev).await.unwrap());
         let ended = tokio::time::timeout(std::time::Duration::from_secs(30), waiting)
             .await
             .expect("the waiter wakes at the delete")

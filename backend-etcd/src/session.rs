@@ -345,9 +345,15 @@ impl Session {
     /// Marks the session over and clears its locks. Returns whether this
     /// call closed it.
     fn close(&self, why: &str) -> bool {
+        self.close_unless(why, |_| false)
+    }
+
+    /// [`close`](Self::close), unless `keep` says otherwise, judged under
+    /// the same hold of the locks mutex that marks the session closed.
+    fn close_unless(&self, why: &str, keep: impl FnOnce(&Locks) -> bool) -> bool {
         let held = {
             let mut locks = self.locks();
-            if locks.closed {
+            if locks.closed || keep(&locks) {
                 return false;
             }
             locks.closed = true;
@@ -425,13 +431,7 @@ impl Session {
     /// on. Checked and closed under the locks mutex, so no acquisition can
     /// start on it meanwhile.
     fn close_if_idle(&self) -> bool {
-        {
-            let locks = self.locks();
-            if locks.closed || locks.users > 0 || !locks.held.is_empty() {
-                return false;
-            }
-        }
-        self.close("idle")
+        self.close_unless("idle", |locks| locks.users > 0 || !locks.held.is_empty())
     }
 
     fn is_idle(&self) -> bool {

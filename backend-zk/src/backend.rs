@@ -397,6 +397,10 @@ impl ZkBackend {
 
     /// Creates our node with `data` (see [`crate::data`]) under `dir`, creating the parents when
     /// missing. A lost reply is recovered by finding the node by its uuid.
+    ///
+    /// # Cancel safety
+    /// Dropped (or failing) before it returns, any create of ours that
+    /// may still land is cleaned up in the background: see [`Entering`].
     async fn enter(&self, s: &Session, dir: &str, data: &str) -> Result<(String, Stat), LockError> {
         let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
         let uuid = uuid::Uuid::new_v4()
@@ -404,43 +408,58 @@ impl ZkBackend {
             .encode_lower(&mut text)
             .to_owned();
         let prefix = node_prefix(dir, &uuid);
-        let opts = CreateMode::EphemeralSequential.with_acls(self.inner.config.acls());
+        let mut entering = Entering::new(s, dir, &uuid, self.op());
         let mut parents_made = false;
         let mut tries = 0;
         loop {
             tries += 1;
-            let r = timed(
-                "create",
-                self.op(),
-                s.client.create(&prefix, data.as_bytes(), &opts),
-            )
-            .await;
-            match r {
-                Ok(Ok((stat, seq))) => return Ok((node_path(&prefix, seq.into_i64()), stat)),
-                Ok(Err(Error::NoNode)) if !parents_made => {
+            let answer = entering
+                .create(&prefix, data, self.inner.config.acls())
+                .await?;
+            match answer {
+                Ok((_, seq)) if seq.into_i64() < 0 => {
+                    // The directory's 32-bit child counter wrapped: names no
+                    // longer sort by age, so no queue order can be trusted.
+                    // Ours goes (the sweep finds it by its uuid).
+                    entering.uncertain = true;
+                    return Err(LockError::permanent(
+                        BACKEND,
+                        format!(
+                            "the child counter of {dir} wrapped past 2^31 (it counts every node \
+                             created or deleted there), so its nodes no longer sort by age; \
+                             polylock resets the directory when a release finds it empty past \
+                             2^30, which a lock never free did not allow: delete {dir} while \
+                             nobody holds or waits for the lock (zkCli: deleteall {dir})"
+                        ),
+                    ));
+                }
+                Ok((stat, seq)) => {
+                    entering.disarm();
+                    return Ok((node_path(&prefix, seq.into_i64()), stat));
+                }
+                Err(Error::NoNode) if !parents_made => {
                     parents_made = true;
                     let dirs = CreateMode::Persistent.with_acls(self.inner.config.acls());
                     timed("mkdir", self.op(), s.client.mkdir(dir, &dirs))
                         .await?
                         .map_err(|e| from_zk(&format!("creating {dir}"), e))?;
                 }
-                Ok(Err(e)) if outcome_unknown(&e) => {
+                Err(e) if outcome_unknown(&e) => {
                     // The create may or may not have been applied: the
                     // uuid tells, once the session is reachable again.
+                    entering.uncertain = true;
                     if let Some(found) = self.recover(s, dir, &uuid).await? {
+                        entering.disarm();
                         return Ok(found);
                     }
+                    // Not applied (the listing came after a sync): no node
+                    // of ours exists now.
+                    entering.uncertain = false;
                     if tries >= 3 {
                         return Err(from_zk("create", e));
                     }
                 }
-                Ok(Err(e)) => return Err(from_zk(&format!("creating a node in {dir}"), e)),
-                Err(timeout) => {
-                    // Still in flight: it may land later. Delete it then,
-                    // so it does not block the queue for the session's life.
-                    self.clean_up_later(s, dir, uuid);
-                    return Err(timeout);
-                }
+                Err(e) => return Err(from_zk(&format!("creating a node in {dir}"), e)),
             }
         }
     }
@@ -472,6 +491,12 @@ impl ZkBackend {
         dir: &str,
         uuid: &str,
     ) -> Result<Option<(String, Stat)>, LockError> {
+        // The server we reconnected to may lag behind the one that applied
+        // the create: catch it up first, or a node of ours could be missed
+        // and a second one created behind it.
+        timed("sync", self.op(), s.client.sync(dir))
+            .await?
+            .map_err(|e| from_zk(&format!("syncing {dir}"), e))?;
         let children = match timed("list", self.op(), s.client.list_children(dir)).await? {
             Ok(c) => c,
             Err(Error::NoNode) => return Ok(None),
@@ -487,25 +512,6 @@ impl ZkBackend {
             }
         }
         Ok(None)
-    }
-
-    fn clean_up_later(&self, s: &Session, dir: &str, uuid: String) {
-        let client = s.client.clone();
-        let dir = dir.to_string();
-        let op = self.op();
-        tokio::spawn(async move {
-            for _ in 0..3 {
-                sleep(op).await;
-                let Ok(Ok(children)) = tokio::time::timeout(op, client.list_children(&dir)).await
-                else {
-                    continue;
-                };
-                for child in children.iter().filter(|c| is_ours(c, &uuid)) {
-                    let path = format!("{dir}/{child}");
-                    let _ = tokio::time::timeout(op, client.delete(&path, None)).await;
-                }
-            }
-        });
     }
 
     async fn standing(&self, s: &Session, dir: &str, node: &str) -> Result<Standing, LockError> {
@@ -676,12 +682,13 @@ impl ZkBackend {
         }
     }
 
-    /// The holding behind `lease`, if this client has it.
-    fn held_session(&self, lease: &Lease, path: &str) -> Option<(Arc<Session>, Instant)> {
+    /// The holding behind `lease`, if this client has it: its session,
+    /// its expiry, and whether a release of it may have landed.
+    fn held_session(&self, lease: &Lease, path: &str) -> Option<(Arc<Session>, Instant, bool)> {
         let held = self.inner.held();
         let h = held.get(path)?;
         (h.owner == lease.owner() && h.fence == lease.fence())
-            .then(|| (h.session.clone(), h.expires))
+            .then(|| (h.session.clone(), h.expires, h.release_sent))
     }
 
     /// The session to renew `lease` on, or `Err(Lost)` without any request
@@ -692,7 +699,7 @@ impl ZkBackend {
             name: lease.name().to_string(),
         };
         let path = lease.backend_key().ok_or_else(lost)?;
-        let (s, expires) = self.held_session(lease, path).ok_or_else(lost)?;
+        let (s, expires, _) = self.held_session(lease, path).ok_or_else(lost)?;
         if expires <= Instant::now() || s.ended.is_cancelled() {
             return Err(lost());
         }
@@ -812,7 +819,9 @@ impl holdings::Owner for Inner {
         tokio::spawn(async move {
             let op = self.config.op_timeout;
             let client = &held.session.client;
-            let _ = tokio::time::timeout(op, client.delete(&path, None)).await;
+            // Until gone (while the session lives): a node left by one
+            // failed delete would stay first in line, held by nobody.
+            delete_until_gone(client.clone(), path.to_string(), op).await;
             let dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or_default();
             let pzxid = match tokio::time::timeout(op, client.check_stat(dir)).await {
                 Ok(Ok(Some(stat))) if stat.num_children == 0 => Some(stat.pzxid),
@@ -820,6 +829,126 @@ impl holdings::Owner for Inner {
             };
             self.remember(path, Gone::Expired { pzxid });
         });
+    }
+}
+
+type CreateAnswer = Result<(Stat, zookeeper_client::CreateSequence), Error>;
+
+/// Our node while [`ZkBackend::enter`] creates it. Each create runs in a
+/// task of its own, so neither a timeout nor a dropped acquire cuts it off
+/// from its answer. Dropped armed (an error, a timeout, the acquire itself
+/// dropped) while a create may have landed, it leaves a task that waits for
+/// the create still in flight, then deletes every node with our uuid,
+/// after a sync, for as long as the session lives: a node nobody waits on
+/// would come first in line and hold the lock for nobody.
+struct Entering {
+    client: Option<zookeeper_client::Client>,
+    dir: String,
+    uuid: String,
+    op: Duration,
+    /// The create in flight, until its answer was read.
+    pending: Option<tokio::task::JoinHandle<CreateAnswer>>,
+    /// An earlier create's outcome is unknown: a node of ours may exist.
+    uncertain: bool,
+}
+
+impl Entering {
+    fn new(s: &Session, dir: &str, uuid: &str, op: Duration) -> Self {
+        Entering {
+            client: Some(s.client.clone()),
+            dir: dir.to_string(),
+            uuid: uuid.to_string(),
+            op,
+            pending: None,
+            uncertain: false,
+        }
+    }
+
+    /// Sends a create and waits up to `op` for its answer; past that, the
+    /// create stays pending (for the cleanup) and a retryable error is
+    /// returned.
+    async fn create(
+        &mut self,
+        prefix: &str,
+        data: &str,
+        acls: zookeeper_client::Acls<'static>,
+    ) -> Result<CreateAnswer, LockError> {
+        let Some(client) = self.client.clone() else {
+            return Err(LockError::permanent(
+                BACKEND,
+                "create after the node was handed over",
+            ));
+        };
+        let (prefix, data) = (prefix.to_string(), data.as_bytes().to_vec());
+        let task = self.pending.insert(tokio::spawn(async move {
+            let opts = CreateMode::EphemeralSequential.with_acls(acls);
+            client.create(&prefix, &data, &opts).await
+        }));
+        let joined = timed("create", self.op, task).await?;
+        self.pending = None;
+        joined.map_err(|e| LockError::transient(BACKEND, format!("create: the task ended: {e}")))
+    }
+
+    /// The node was handed to the caller (or no create was sent).
+    fn disarm(&mut self) {
+        self.client = None;
+    }
+}
+
+impl Drop for Entering {
+    fn drop(&mut self) {
+        let Some(client) = self.client.take() else {
+            return;
+        };
+        if self.pending.is_none() && !self.uncertain {
+            // Every create sent was answered, and none made a node.
+            return;
+        }
+        // No runtime (dropped outside one): the nodes go with the session.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (dir, uuid) = (
+            std::mem::take(&mut self.dir),
+            std::mem::take(&mut self.uuid),
+        );
+        rt.spawn(sweep_ours(client, dir, uuid, self.op, self.pending.take()));
+    }
+}
+
+/// Waits for `pending` (the driver answers or fails every request it
+/// sent), then deletes every node with `uuid` under `dir`, from a listing
+/// taken after a sync; tries again while the session lives.
+async fn sweep_ours(
+    client: zookeeper_client::Client,
+    dir: String,
+    uuid: String,
+    op: Duration,
+    pending: Option<tokio::task::JoinHandle<CreateAnswer>>,
+) {
+    if let Some(create) = pending {
+        let _ = create.await;
+    }
+    let mut pause = Duration::from_millis(50);
+    loop {
+        if client.state().is_terminated() {
+            return;
+        }
+        let synced = tokio::time::timeout(op, client.sync(&dir)).await;
+        if matches!(synced, Ok(Ok(()))) {
+            match tokio::time::timeout(op, client.list_children(&dir)).await {
+                Ok(Ok(children)) => {
+                    for child in children.iter().filter(|c| is_ours(c, &uuid)) {
+                        delete_until_gone(client.clone(), format!("{dir}/{child}"), op).await;
+                    }
+                    return;
+                }
+                Ok(Err(Error::NoNode)) => return,
+                _ => {}
+            }
+        }
+        sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
 
@@ -867,6 +996,29 @@ impl Drop for NodeGuard {
         // No async drop: the delete goes to the runtime.
         let _ = self.spawn_delete();
     }
+}
+
+/// Past this sequence number, a release that leaves the lock's directory
+/// empty deletes the directory, so that its 32-bit child counter (one count
+/// per node created or deleted there) starts again from zero before it can
+/// wrap, when names would stop sorting by age.
+const WORN_SEQUENCE: i64 = 1 << 30;
+
+/// After deleting the lock node `path`: if its sequence is past
+/// [`WORN_SEQUENCE`], deletes the directory in the background, which the
+/// server refuses unless it is empty (a contender arriving meanwhile
+/// creates it again, as for a first lock). Never touches anyone's node.
+fn reset_if_worn(client: &zookeeper_client::Client, path: &str, op: Duration) {
+    let Some((dir, child)) = path.rsplit_once('/') else {
+        return;
+    };
+    if sequence_of(child).is_none_or(|seq| seq < WORN_SEQUENCE) {
+        return;
+    }
+    let (client, dir) = (client.clone(), dir.to_string());
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(op, client.delete(&dir, None)).await;
+    });
 }
 
 /// Deletes `path`, a node of `client`'s session, trying again while the
@@ -918,8 +1070,11 @@ impl LockBackend for ZkBackend {
     /// not hold its place in the queue.
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         let deadline = req.wait_deadline();
+        // Each pass waits what is left of the one wait, not a fresh one.
+        let mut pass = req.clone();
         loop {
-            match self.contend(req).await {
+            pass.wait = deadline.saturating_duration_since(Instant::now());
+            match self.contend(&pass).await {
                 Err(e) if e.is_retryable() && Instant::now() < deadline => {
                     sleep(Duration::from_millis(50)).await;
                 }
@@ -990,25 +1145,44 @@ impl LockBackend for ZkBackend {
         };
         let path = lease.backend_key().ok_or_else(lost)?;
         let dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or_default();
-        if let Some((s, _)) = self.held_session(lease, path) {
+        if let Some((s, _, release_sent)) = self.held_session(lease, path) {
             // The path holds a uuid of this client's own attempt, and lock
             // nodes are never written (version 0): a node still there is
             // this holding, so no read is needed before the delete.
-            let r = timed("delete", self.op(), s.client.delete(path, Some(0))).await?;
+            let r = match timed("delete", self.op(), s.client.delete(path, Some(0))).await {
+                Ok(r) => r,
+                Err(no_answer) => {
+                    self.inner.held().mark_release_sent(path);
+                    return Err(no_answer);
+                }
+            };
             let forget = || self.inner.held().remove(path);
+            let released = || {
+                if let Some((path, _)) = forget() {
+                    self.inner.remember(path, Gone::Released);
+                }
+                Ok(())
+            };
             // A failed request keeps the holding: the caller may retry.
             return match r {
                 Ok(()) => {
-                    if let Some((path, _)) = forget() {
-                        self.inner.remember(path, Gone::Released);
-                    }
-                    Ok(())
+                    reset_if_worn(&s.client, path, self.op());
+                    released()
                 }
+                // Our earlier delete landed after all (or, as likely, the
+                // node went otherwise after it was sent: told apart by
+                // nothing the server keeps).
+                Err(Error::NoNode) if release_sent => released(),
                 Err(Error::NoNode | Error::BadVersion) => {
                     forget();
                     Err(lost())
                 }
-                Err(e) => Err(from_zk(&format!("deleting {path}"), e)),
+                Err(e) => {
+                    if outcome_unknown(&e) {
+                        self.inner.held().mark_release_sent(path);
+                    }
+                    Err(from_zk(&format!("deleting {path}"), e))
+                }
             };
         }
         match self.inner.gone(path) {

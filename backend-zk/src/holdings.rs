@@ -27,6 +27,9 @@ pub(crate) struct Held {
     /// Tells apart holdings that expire at the same instant in `expiry`.
     id: u64,
     pub(crate) session: Arc<Session>,
+    /// A release's delete got no clear answer: it may have landed, so a
+    /// later attempt that finds no node is that release, not a loss.
+    pub(crate) release_sent: bool,
 }
 
 /// The holdings of one client by node path, with their expiry order.
@@ -80,6 +83,7 @@ impl Holdings {
                 expires,
                 id,
                 session,
+                release_sent: false,
             },
         );
         if let Some(old) = old {
@@ -98,6 +102,13 @@ impl Holdings {
                 Expiry::Wake
             }
             Some(_) => Expiry::Planned,
+        }
+    }
+
+    /// Records that a release of the holding at `path` may have landed.
+    pub(crate) fn mark_release_sent(&mut self, path: &str) {
+        if let Some(h) = self.by_path.get_mut(path) {
+            h.release_sent = true;
         }
     }
 

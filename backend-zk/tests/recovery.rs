@@ -150,3 +150,63 @@ async fn a_node_with_our_uuid_owned_by_another_session_is_not_ours() {
         client.session_id(Duration::from_secs(10)).await.unwrap()
     );
 }
+
+/// An acquire dropped while its create is on the way (the create reaches
+/// the server after the drop) leaves no node behind: the node would be
+/// first in line and hold the lock for nobody until the session ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_dropped_during_its_create_leaves_no_node() {
+    let server = common::server();
+    let proxy = Proxy::start(server.addr()).expect("proxy");
+    let url = format!("zk://{}", proxy.addr());
+    let client = ZkBackend::connect(&url).await.expect("connect");
+    let name = common::unique("dropped-create");
+    let ttl = Duration::from_secs(10);
+    client.session_id(ttl).await.expect("session");
+    let dir = client.lock_path(&name);
+    let raw = Client::connect(&server.connect_string())
+        .await
+        .expect("raw client");
+    // The directory exists, so the one create is the only request delayed.
+    raw.mkdir(&dir, &CreateMode::Persistent.with_acls(Acls::anyone_all()))
+        .await
+        .expect("mkdir");
+
+    proxy.set_mode(Mode::Delay(Duration::from_millis(400)));
+    let attempt = tokio::spawn({
+        let client = client.clone();
+        let name = name.clone();
+        async move {
+            client
+                .try_acquire(&common::req(&name, ttl, Duration::ZERO))
+                .await
+        }
+    });
+    sleep(Duration::from_millis(100)).await;
+    attempt.abort();
+    assert!(attempt.await.unwrap_err().is_cancelled());
+    // The create still lands, after the drop.
+    let mut landed = false;
+    let mut gone = false;
+    for _ in 0..500 {
+        let n = raw.list_children(&dir).await.expect("list").len();
+        landed |= n > 0;
+        if landed && n == 0 {
+            gone = true;
+            break;
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        landed,
+        "the create never reached the server: the test saw nothing"
+    );
+    assert!(gone, "the node of the dropped acquire is still there");
+    // And the lock is free for the next one.
+    let lease = client
+        .try_acquire(&common::req(&name, ttl, Duration::ZERO))
+        .await
+        .expect("acquire")
+        .expect("free");
+    client.release(&lease).await.expect("release");
+}
