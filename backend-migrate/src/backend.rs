@@ -345,8 +345,10 @@ impl LockBackend for MigrateBackend {
     /// fails.
     ///
     /// # Cancel safety
-    /// Not cancel safe: dropped between the two steps, the legacy lock
-    /// stays taken until its TTL runs out (as any dropped attempt).
+    /// Not cancel safe: dropped during either step or between them, the
+    /// legacy lock (and, during the target's attempt, the target lock) may
+    /// stay taken by nobody until its TTL runs out, as with any dropped
+    /// attempt.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         match self.only() {
             Some(side) => side.try_acquire(req).await,
@@ -361,9 +363,12 @@ impl LockBackend for MigrateBackend {
     /// `req.wait` runs out.
     ///
     /// # Cancel safety
-    /// Dropped while waiting for the legacy lock, nothing is left behind;
-    /// dropped while waiting for the target lock, the legacy lock stays
-    /// taken until its TTL runs out.
+    /// Not cancel safe. Dropped while it waits between attempts, nothing
+    /// is left behind; dropped during an attempt on the legacy lock (each
+    /// wait's first attempt runs inline, as in the legacy backend's own
+    /// `acquire`), or while it waits for the target lock, or while it
+    /// refreshes or gives back the legacy lock, a lock it took may stay
+    /// taken by nobody until its TTL runs out.
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         match self.only() {
             Some(side) => side.acquire(req).await,

@@ -81,6 +81,10 @@ struct Inner {
     /// answer (a timeout, a broken connection), until the TTL they asked
     /// for has passed; see [`SqlBackend::try_acquire`].
     unsure: Mutex<HashMap<(LockName, OwnerToken), Instant>>,
+    /// One turn per name and owner at a time for acquire statements; see
+    /// [`SqlBackend::try_acquire`]. An entry lives while a turn is taken
+    /// or awaited.
+    turns: Mutex<HashMap<(LockName, OwnerToken), Gate>>,
 }
 
 /// Which operations may take a connection.
@@ -370,6 +374,7 @@ impl SqlBackend {
                 hub,
                 fences_ready: OnceCell::new(),
                 unsure: Mutex::new(HashMap::new()),
+                turns: Mutex::new(HashMap::new()),
                 config,
             }),
         })
@@ -552,12 +557,12 @@ impl SqlBackend {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(e)) if conflicts + 1 < CONFLICT_RETRIES && is_conflict(dialect, &e) => {
                     conflicts += 1;
-                    tracing::debug!(op, error = %e, "polylock sql: conflict, running again");
+                    tracing::debug!(op, error = %self.inner.errors.shown(&e), "polylock sql: conflict, running again");
                     tokio::task::yield_now().await;
                 }
                 Ok(Err(e)) if broken < broken_retries && is_broken_connection(dialect, &e) => {
                     broken += 1;
-                    tracing::debug!(op, error = %e, "polylock sql: broken connection, running again");
+                    tracing::debug!(op, error = %self.inner.errors.shown(&e), "polylock sql: broken connection, running again");
                 }
                 Ok(Err(e)) => return Err(self.inner.errors.map(op, e)),
                 Err(_) => return Err(self.inner.errors.timed_out(op, limit)),
@@ -840,6 +845,20 @@ impl SqlBackend {
         *t = (*t).max(until);
     }
 
+    /// Waits for this client's turn to send an acquire for `attempt`'s
+    /// name and owner.
+    async fn turn(&self, attempt: &(LockName, OwnerToken)) -> Turn<'_> {
+        let gate = {
+            let mut turns = self.inner.turns.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(turns.entry(attempt.clone()).or_default())
+        };
+        Turn {
+            backend: self,
+            key: attempt.clone(),
+            guard: Some(gate.lock_owned().await),
+        }
+    }
+
     /// The attempt got an answer: nothing of it is unknown.
     fn settle(&self, attempt: &(LockName, OwnerToken)) {
         self.unsure().remove(attempt);
@@ -924,6 +943,35 @@ impl Row {
     }
 }
 
+/// Where acquisitions of one name under one owner take turns.
+type Gate = Arc<tokio::sync::Mutex<()>>;
+
+/// This client's turn to acquire one name under one owner.
+struct Turn<'a> {
+    backend: &'a SqlBackend,
+    key: (LockName, OwnerToken),
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut turns = self
+            .backend
+            .inner
+            .turns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        // Only the map holds the gate: nobody has or awaits a turn.
+        if turns
+            .get(&self.key)
+            .is_some_and(|g| Arc::strong_count(g) == 1)
+        {
+            turns.remove(&self.key);
+        }
+    }
+}
+
 /// An acquire attempt in flight; see [`SqlBackend::try_acquire`].
 struct Pending<'a> {
     backend: &'a SqlBackend,
@@ -952,11 +1000,23 @@ impl LockBackend for SqlBackend {
     /// it does not wait a TTL for its own orphan. The version goes up as
     /// for any grant, so the orphan's holding is superseded.
     ///
+    /// The same owner may also be a second acquisition (an explicit
+    /// [`Owner`](lock_core::Owner) taking the name again while the retry
+    /// of its cancelled wait still runs in its own task): that one must
+    /// never take back the other's live row. So this client sends one
+    /// acquire per name and owner at a time, and decides whether to take
+    /// back only in its turn: an answered grant in between settles the
+    /// unsure attempt, and the next statement is the plain acquire.
+    ///
     /// # Cancel safety
     /// Not cancel safe: if dropped after the statement was sent, the row may
     /// have been taken with nobody holding the lease; it expires at its TTL
     /// (or is taken back by the next attempt, as above).
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        let attempt = (req.name.clone(), req.owner);
+        // Held until the answer is in, and any unsure mark is recorded
+        // (`pending` is dropped first).
+        let _turn = self.turn(&attempt).await;
         // Measured before the statement leaves, so the local deadline is
         // never later than the database's expiry.
         let sent_at = Instant::now();
@@ -965,7 +1025,6 @@ impl LockBackend for SqlBackend {
             .guarantees
             .granted_ttl(req.ttl, self.inner.config.dialect.timestamp_precision());
         let units = i64::try_from(units).unwrap_or(i64::MAX);
-        let attempt = (req.name.clone(), req.owner);
         let mut unsure = self.was_unsure(&attempt);
         // Marks the attempt unsure unless it gets an answer: on an error,
         // and when this future is dropped mid-statement.

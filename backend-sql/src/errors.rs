@@ -53,14 +53,28 @@ impl std::error::Error for SqlError {}
 
 /// What errors need to be rendered safely: where the database is and what
 /// must never be shown.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) struct ErrorContext {
     pub(crate) dialect: Dialect,
     pub(crate) endpoint: String,
     pub(crate) password: Option<String>,
 }
 
+impl std::fmt::Debug for ErrorContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ErrorContext")
+            .field("dialect", &self.dialect)
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
 impl ErrorContext {
+    /// A driver error's text for a log line, the password replaced.
+    pub(crate) fn shown(&self, e: &sqlx::Error) -> String {
+        self.scrub(e.to_string())
+    }
+
     fn scrub(&self, text: String) -> String {
         match &self.password {
             Some(p) if !p.is_empty() => text.replace(p.as_str(), "***"),

@@ -49,8 +49,8 @@ enum Wake {
     Name(Arc<str>),
 }
 
-/// One client's LISTEN connection and the waiters it wakes.
-#[derive(Debug)]
+/// One client's LISTEN connection and the waiters it wakes. Not `Debug`:
+/// its connect options hold the password.
 pub(crate) struct NotifyHub {
     tx: broadcast::Sender<Wake>,
     listening: Arc<watch::Sender<bool>>,

@@ -201,6 +201,80 @@ async fn mariadb_retried_acquire_takes_back_its_orphan() {
     retried_acquire_takes_back_its_orphan("mariadb", m.url(), m.port()).await;
 }
 
+/// Two acquisitions of one name under one owner (an explicit `Owner`
+/// taking the name again while its cancelled wait's retry still runs) are
+/// never in the database at once: one that may take back its own orphan
+/// could otherwise take the other's live row. Seen from PostgreSQL: with
+/// the row locked by a transaction of the test, only one of the two
+/// statements waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_owner_sends_one_acquire_per_name_at_a_time() {
+    let db = common::postgres();
+    let url = db.url_with("pool_size=4");
+    let client = SqlBackend::connect(&url).await.unwrap();
+    let name = unique("turns");
+    let setup = try_once(&client, &name, Duration::from_secs(1))
+        .await
+        .unwrap();
+    client.release(&setup).await.unwrap();
+    let table = common::table_of(&url);
+    let mut blocker = raw_connection(&db.base).await;
+    sqlx::query("BEGIN").execute(&mut blocker).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT version FROM {table} WHERE name = '{name}' FOR UPDATE"
+    )))
+    .execute(&mut blocker)
+    .await
+    .unwrap();
+
+    let owner = OwnerToken::random();
+    let ttl = Duration::from_secs(30);
+    let attempts: Vec<_> = (0..2)
+        .map(|_| {
+            let (client, name) = (client.clone(), name.clone());
+            tokio::spawn(async move {
+                client
+                    .try_acquire(&request(&name, owner, ttl, Duration::ZERO))
+                    .await
+            })
+        })
+        .collect();
+    let waiting = format!(
+        "SELECT count(*)::text FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND query LIKE '%{table}%' AND query NOT LIKE '%pg_stat_activity%'"
+    );
+    // The first statement reaches the row lock; give a second one every
+    // chance to get there too.
+    let started = Instant::now();
+    while common::fetch_text(&db.base, &waiting).await == "0" {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no statement reached the row"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        common::fetch_text(&db.base, &waiting).await,
+        "1",
+        "two acquire statements of one owner for one name are in the database at once"
+    );
+    sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+    let mut granted = Vec::new();
+    for a in attempts {
+        if let Some(lease) = timeout(Duration::from_secs(10), a)
+            .await
+            .expect("both attempts answer")
+            .unwrap()
+            .unwrap()
+        {
+            granted.push(lease);
+        }
+    }
+    assert_eq!(granted.len(), 1, "{granted:?}");
+    client.release(&granted[0]).await.unwrap();
+}
+
 /// More waiters than pool connections, stuck in the database (on a row
 /// another transaction locks): the holder of another lock of the same
 /// client keeps renewing and keeps its lock.
