@@ -126,8 +126,19 @@ pub(crate) fn not_sent(e: &etcd_client::Error) -> bool {
         etcd_client::Error::TransportError(_) => true,
         etcd_client::Error::GRpcStatus(s) => {
             let m = s.message().to_ascii_lowercase();
+            // Words of a failed connect only: "connect" alone would also
+            // match "connection reset" or "error reading a body from
+            // connection", where the request may well have been applied.
             s.code() == Code::Unavailable
-                && (m.contains("connect") || m.contains("dns error") || m.contains("tcp open"))
+                && [
+                    "trying to connect",
+                    "tcp connect",
+                    "connection refused",
+                    "dns error",
+                    "tcp open",
+                ]
+                .iter()
+                .any(|w| m.contains(w))
         }
         _ => false,
     }
@@ -244,5 +255,20 @@ mod tests {
             "etcdserver: leader changed"
         )));
         assert!(!not_sent(&status(Code::Unknown, "transport error")));
+        assert!(not_sent(&status(
+            Code::Unavailable,
+            "error trying to connect: Connection refused (os error 111)"
+        )));
+        // The request may have been applied before the connection broke.
+        for applied_maybe in [
+            "error reading a body from connection: connection reset",
+            "connection error",
+            "connection closed before message completed",
+        ] {
+            assert!(
+                !not_sent(&status(Code::Unavailable, applied_maybe)),
+                "{applied_maybe}"
+            );
+        }
     }
 }
