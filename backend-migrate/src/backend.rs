@@ -441,12 +441,11 @@ impl LockBackend for MigrateBackend {
             return side.release(lease).await;
         }
         let (legacy, target) = self.split(lease)?;
+        // Stops the task watching the sides' revocation signals when this
+        // release ends, also when it is dropped half-way.
+        let _stop = lease.revocation().map(|r| r.clone().drop_guard());
         let t = self.target.release(&target).await;
         let l = self.legacy.release(&legacy).await;
-        // Stops the task watching the sides' revocation signals.
-        if let Some(r) = lease.revocation() {
-            r.cancel();
-        }
         match (t, l) {
             (Err(e), _) | (_, Err(e)) if e.is_lost() => Err(LockError::Lost {
                 name: lease.name().to_string(),

@@ -1254,7 +1254,9 @@ impl LockBackend for SqlBackend {
     /// granted to anyone after this holding (the row's version is higher,
     /// whether or not they still hold it) or the row is held under another
     /// owner, and `Ok` if the row is free at this version (released before,
-    /// or force-released and not taken since).
+    /// or force-released and not taken since). After the statement was sent
+    /// again (a broken connection), a higher version is `Ok`: the first
+    /// send may have freed the row.
     ///
     /// # Cancel safety
     /// Cancel safe: the row was freed or not; it expires at its TTL.
@@ -1267,8 +1269,13 @@ impl LockBackend for SqlBackend {
             owner.as_str(),
             &self.inner.sql.release,
         );
+        // How many times the statement went out: a resend (after a broken
+        // connection) may follow a first send that freed the row.
+        let sends = std::sync::atomic::AtomicU32::new(0);
+        let sends = &sends;
         let freed = self
             .upkeep("release", true, || async move {
+                sends.fetch_add(1, Ordering::Relaxed);
                 Ok(match &self.inner.pools {
                     Pools::Postgres(p) => sqlx::query(q(sql))
                         .bind(name)
@@ -1308,6 +1315,11 @@ impl LockBackend for SqlBackend {
         match self.after_release(lease.name()).await? {
             None => Ok(()),
             Some((v, free)) if v == version && free => Ok(()),
+            // The first send may have freed it and a waiter taken it since
+            // (on PostgreSQL the release's own NOTIFY wakes one at once):
+            // not evidence of a loss. One that happened before is told by
+            // the lease's local deadline, which lock-core checks.
+            Some((v, _)) if v > version && sends.load(Ordering::Relaxed) > 1 => Ok(()),
             Some(_) => Err(Self::lost(lease)),
         }
     }
