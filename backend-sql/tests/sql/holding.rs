@@ -201,6 +201,66 @@ async fn mariadb_retried_acquire_takes_back_its_orphan() {
     retried_acquire_takes_back_its_orphan("mariadb", m.url(), m.port()).await;
 }
 
+/// A release whose statement freed the row but whose answer was lost to a
+/// broken connection is sent again; a waiter took the row in between. The
+/// resend finds a higher version, which is no evidence of a loss: the
+/// release says `Ok`, not `Lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sent_again_after_it_freed_the_row_is_not_lost() {
+    let pg = common::pg();
+    let proxy = Proxy::start(([127, 0, 0, 1], pg.port()).into()).expect("proxy");
+    let table = unique("locks");
+    let url = pg.url();
+    let via = through(&url, pg.port(), proxy.port());
+    let client = SqlBackend::connect(&format!("{via}?table={table}&pool_size=1&op_timeout=10s"))
+        .await
+        .unwrap();
+    let direct = SqlBackend::connect(&format!("{url}?table={table}"))
+        .await
+        .unwrap();
+    let name = unique("resent");
+    let lease = try_once(&client, &name, Duration::from_secs(30))
+        .await
+        .expect("free");
+    // Opens the connection releases use (renewals share it) while the
+    // network is fast: through the delay a new one takes many round trips.
+    let lease = client.renew(&lease).await.unwrap();
+    proxy.set_mode(Mode::Delay(Duration::from_millis(600)));
+    let release = tokio::spawn({
+        let (client, lease) = (client.clone(), lease.clone());
+        async move { client.release(&lease).await }
+    });
+    // The statement ran: the row is free, its answer still on the way.
+    let lock = LockName::new(&name).unwrap();
+    let started = Instant::now();
+    while direct.inspect(&lock).await.unwrap().is_some() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the release never ran"
+        );
+        sleep(Duration::from_millis(5)).await;
+    }
+    let next = try_once(&direct, &name, Duration::from_secs(30))
+        .await
+        .expect("a waiter takes the freed row");
+    // Cuts the connection (its answer with it); the resend finds a fast
+    // network again.
+    proxy.set_mode(Mode::Reset);
+    proxy.set_mode(Mode::Pass);
+    let r = timeout(Duration::from_secs(20), release)
+        .await
+        .expect("the release answers")
+        .unwrap();
+    assert!(r.is_ok(), "the resent release said {r:?}");
+    let holder = direct.inspect(&lock).await.unwrap().expect("held");
+    assert_eq!(
+        holder.fence,
+        Some(next.fence()),
+        "the waiter's holding is untouched"
+    );
+    direct.release(&next).await.unwrap();
+}
+
 /// Two acquisitions of one name under one owner (an explicit `Owner`
 /// taking the name again while its cancelled wait's retry still runs) are
 /// never in the database at once: one that may take back its own orphan
