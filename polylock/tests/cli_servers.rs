@@ -215,3 +215,45 @@ fn a_loss_known_before_an_unanswered_release_exits_lock_lost() {
     assert_eq!(out.status.code(), Some(76), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("lost"), "{}", text(&out.stderr));
 }
+
+/// Renewals stall (the server frozen), SIGTERM goes out, then the server
+/// answers again and a renewal comes through before the deadline: the
+/// command, which ignores SIGTERM, is killed at the deadline it was given,
+/// and polylock says so, not that the lock service refused the renewal.
+#[test]
+fn a_renewal_that_recovers_after_sigterm_is_not_called_a_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, url) = redis();
+    let run = polylock(dir.path(), Some(&url))
+        .args([
+            "run",
+            "--ttl",
+            "3s",
+            "--grace",
+            "10s",
+            "recovers",
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > pid; trap '' TERM; while true; do sleep 0.05; done",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = read_pid(&dir.path().join("pid"));
+    // Before the first renewal (at 1 s); SIGTERM goes out 1 s before the
+    // deadline (about 2 s in); the stalled renewal then gets its answer.
+    server.pause().unwrap();
+    std::thread::sleep(Duration::from_millis(2300));
+    server.resume().unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || !alive(pid)),
+        "the command outlived the deadline SIGTERM gave it"
+    );
+    let out = run.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(76), "{err}");
+    assert!(err.contains("renewals are failing"), "{err}");
+    assert!(err.contains("did not exit by the deadline"), "{err}");
+    assert!(!err.contains("refused"), "{err}");
+}

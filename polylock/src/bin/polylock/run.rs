@@ -230,6 +230,9 @@ pub(crate) async fn run(
     let mut stopping: Option<(Instant, Instant)> = None;
     // Set once the lock is gone and the command was killed: why.
     let mut lost: Option<String> = None;
+    // Set once the command was killed at the deadline SIGTERM gave it,
+    // though a renewal had come through meanwhile.
+    let mut killed = false;
     let status = loop {
         let lease = guard.lease();
         let deadline = lease.deadline();
@@ -264,11 +267,22 @@ pub(crate) async fn run(
                     stopping = Some((due, deadline));
                 }
             }
-            _ = sleep_until(kill_at), if stopping.is_some() && lost.is_none() => {
+            _ = sleep_until(kill_at), if stopping.is_some() && lost.is_none() && !killed => {
                 cmd.signal(Signal::SIGKILL);
-                let cause = loss_cause(deadline, stopping.map(|(since, _)| since));
-                eprintln!("polylock: lock {name:?} was lost: {cause}; killed the command");
-                lost = Some(cause);
+                if guard.is_held() {
+                    // A renewal came through after the SIGTERM: the lock
+                    // is not lost, but the command was told to stop by
+                    // then and did not.
+                    eprintln!(
+                        "polylock: lock {name:?}: the command did not exit by the deadline \
+                         SIGTERM gave it; killed it"
+                    );
+                    killed = true;
+                } else {
+                    let cause = loss_cause(deadline, stopping.map(|(since, _)| since));
+                    eprintln!("polylock: lock {name:?} was lost: {cause}; killed the command");
+                    lost = Some(cause);
+                }
             }
             sig = signals.recv() => cmd.signal(sig),
         }
