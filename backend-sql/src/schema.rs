@@ -162,6 +162,13 @@ impl Schema for MySqlConnection {
         let Some((data_type, collation)) = column else {
             return Err(shape_error(table, "lock", "no `name` column"));
         };
+        if data_type.eq_ignore_ascii_case("binary") {
+            return Err(LockError::Config(format!(
+                "column `{table}.name` is BINARY: it pads names with zero bytes, so a stored \
+                 name never equals the name asked for and no lock could be renewed or released; \
+                 use `name VARBINARY(512) NOT NULL` (see docs/sql.md)"
+            )));
+        }
         if !name_column_is_exact(&data_type, collation.as_deref()) {
             return Err(LockError::Config(format!(
                 "column `{table}.name` is {data_type} with collation {}: it does not compare \
@@ -291,11 +298,12 @@ where
     conn.check_lock_table(table, errors).await
 }
 
-/// VARBINARY/BINARY/BLOB compare bytes; among text collations only the
-/// binary NO PAD ones do (`utf8mb4_bin` is PAD SPACE: "a" = "a ").
+/// VARBINARY and BLOB compare bytes (BINARY pads them: refused before
+/// this); among text collations only the binary NO PAD ones do
+/// (`utf8mb4_bin` is PAD SPACE: "a" = "a ").
 fn name_column_is_exact(data_type: &str, collation: Option<&str>) -> bool {
     let t = data_type.to_ascii_lowercase();
-    if matches!(t.as_str(), "varbinary" | "binary" | "blob" | "tinyblob") {
+    if matches!(t.as_str(), "varbinary" | "blob" | "tinyblob") {
         return true;
     }
     collation.is_some_and(|c| {
@@ -315,5 +323,6 @@ mod tests {
         assert!(!name_column_is_exact("varchar", Some("utf8mb4_bin")));
         assert!(!name_column_is_exact("varchar", Some("utf8mb4_general_ci")));
         assert!(!name_column_is_exact("text", None));
+        assert!(!name_column_is_exact("binary", None));
     }
 }

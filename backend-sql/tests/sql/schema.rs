@@ -71,6 +71,29 @@ async fn foreign_table_is_a_config_error() {
     }
 }
 
+/// A hand-made MariaDB table whose `name` is BINARY(n) is refused: the
+/// column pads names with zero bytes, so a renew or release would never
+/// find the row it took.
+#[tokio::test]
+async fn mariadb_binary_name_column_is_refused() {
+    let db = tokio::task::spawn_blocking(common::mariadb).await.unwrap();
+    let table = unique("bin");
+    exec(
+        &db.base,
+        &[&format!(
+            "CREATE TABLE {table} (name BINARY(64) NOT NULL PRIMARY KEY, \
+             owner VARBINARY(64) NULL, version BIGINT UNSIGNED NOT NULL, \
+             expires_at DATETIME(6) NOT NULL)"
+        )],
+    )
+    .await;
+    let e = SqlBackend::connect(&db.url_with(&format!("table={table}")))
+        .await
+        .expect_err("a BINARY name column was accepted");
+    assert!(matches!(e, LockError::Config(_)), "{e:?}");
+    assert!(e.to_string().contains("pads names"), "{e}");
+}
+
 /// MariaDB's default collations are case-insensitive and PAD SPACE: a
 /// lock table whose `name` column uses one is refused, because "Job" and
 /// "job" would be one lock.
