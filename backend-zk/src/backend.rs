@@ -1146,6 +1146,12 @@ impl LockBackend for ZkBackend {
         let path = lease.backend_key().ok_or_else(lost)?;
         let dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or_default();
         if let Some((s, _, release_sent)) = self.held_session(lease, path) {
+            if s.ended.is_cancelled() {
+                // The session ended: its nodes went with it, ours too
+                // (unless our earlier delete got there first).
+                self.inner.held().remove(path);
+                return if release_sent { Ok(()) } else { Err(lost()) };
+            }
             // The path holds a uuid of this client's own attempt, and lock
             // nodes are never written (version 0): a node still there is
             // this holding, so no read is needed before the delete.
