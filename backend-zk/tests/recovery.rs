@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use backend_zk::ZkBackend;
-use lock_core::{Lease, LockBackend, LockError};
+use lock_core::{Lease, LockBackend, LockError, LockName};
 use testkit::{Mode, Proxy};
 use tokio::time::sleep;
 use zookeeper_client::{Acls, Client, CreateMode};
@@ -25,20 +25,28 @@ struct Lost {
     attempt: Result<Option<Lease>, LockError>,
 }
 
+/// A client reaching the shared server through a proxy, its session open
+/// (so only what follows meets the proxy's faults), and a fresh name with
+/// its lock directory.
+async fn proxied(prefix: &str, ttl: Duration) -> (Proxy, ZkBackend, LockName, String) {
+    let proxy = Proxy::start(common::server().addr()).expect("proxy");
+    let client = ZkBackend::connect(&format!("zk://{}", proxy.addr()))
+        .await
+        .expect("connect");
+    let name = common::unique(prefix);
+    client.session_id(ttl).await.expect("session");
+    let dir = client.lock_path(&name);
+    (proxy, client, name, dir)
+}
+
 /// Runs a `try_acquire` whose create reaches the server and whose reply is
 /// cut off. With `impostor`, while the client is cut off, a direct client
 /// deletes the node the lost reply was for and creates one with the same
 /// uuid in its own session.
 async fn lose_create_reply(name: &str, impostor: bool) -> Lost {
     let server = common::server();
-    let proxy = Proxy::start(server.addr()).expect("proxy");
-    let url = format!("zk://{}", proxy.addr());
-    let client = ZkBackend::connect(&url).await.expect("connect");
-    let name = common::unique(name);
     let ttl = Duration::from_secs(10);
-    // Open the session first, so only the create meets the fault.
-    client.session_id(ttl).await.expect("session");
-    let dir = client.lock_path(&name);
+    let (proxy, client, name, dir) = proxied(name, ttl).await;
 
     proxy.set_mode(Mode::Delay(Duration::from_millis(300)));
     let attempt = tokio::spawn({
@@ -157,13 +165,8 @@ async fn a_node_with_our_uuid_owned_by_another_session_is_not_ours() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_dropped_during_its_create_leaves_no_node() {
     let server = common::server();
-    let proxy = Proxy::start(server.addr()).expect("proxy");
-    let url = format!("zk://{}", proxy.addr());
-    let client = ZkBackend::connect(&url).await.expect("connect");
-    let name = common::unique("dropped-create");
     let ttl = Duration::from_secs(10);
-    client.session_id(ttl).await.expect("session");
-    let dir = client.lock_path(&name);
+    let (proxy, client, name, dir) = proxied("dropped-create", ttl).await;
     let raw = Client::connect(&server.connect_string())
         .await
         .expect("raw client");
