@@ -452,9 +452,9 @@ impl ZkBackend {
                         entering.disarm();
                         return Ok(found);
                     }
-                    // Not applied (the listing came after a sync): no node
-                    // of ours exists now.
-                    entering.uncertain = false;
+                    // Not there after a sync. Still `uncertain`: a driver
+                    // timeout may leave the create queued on the server, so
+                    // a failure from here on sweeps once more.
                     if tries >= 3 {
                         return Err(from_zk("create", e));
                     }
