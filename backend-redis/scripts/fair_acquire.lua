@@ -8,7 +8,8 @@
 -- the queue (or stay in it, with a later deadline) when not granted, '0' to
 -- only try; ARGV[6] the entry's lifetime in milliseconds; ARGV[7] the
 -- prefix of the waiters' wake channels; ARGV[8] the release channel;
--- ARGV[9] as ARGV[5] of fair_release.lua.
+-- ARGV[9] as ARGV[5] of fair_release.lua; ARGV[10] '1' when an earlier
+-- attempt of this owner went unanswered.
 --
 -- Returns {1, fence} when taken (also when a release had handed it to this
 -- waiter already: recover()), {0, pttl, counter} otherwise (pttl -2: the
@@ -34,7 +35,12 @@ if first == nil or first == id then
     return r
   end
 end
-local r = wrong_kind() or recover()
+-- Our token on the lock is ours to take over only when a release handed it
+-- to this very waiter (the `granted` mark names it), or when an earlier
+-- attempt of this owner went unanswered (ARGV[10] '1'): see
+-- plain_acquire.lua.
+local ours = ARGV[10] == '1' or redis.call('HGET', KEYS[2], 'granted') == id
+local r = wrong_kind() or (ours and recover() or nil)
 if r then
   if any_queued and not r.err then
     leave(queue, deadlines, waiters, id)

@@ -456,9 +456,15 @@ impl RedisBackend {
                 .arg(self.queue_entry_life().as_millis() as u64)
                 .arg(keys.wake_prefix())
                 .arg(keys.channel())
-                .arg(GRANT_FRESHNESS.as_millis() as u64),
-            // The plain format recognises its own grant by value alone.
-            (Format::Plain, None) => inv.arg(&holder).arg(ttl_ms).arg(&meta),
+                .arg(GRANT_FRESHNESS.as_millis() as u64)
+                .arg(u8::from(recover)),
+            // The plain format recognises its own grant by value, taken
+            // over only after an unanswered attempt (plain_acquire.lua).
+            (Format::Plain, None) => inv
+                .arg(&holder)
+                .arg(ttl_ms)
+                .arg(&meta)
+                .arg(u8::from(recover)),
             (Format::Redisson, _) => inv
                 .key(keys.bookkeeping())
                 .arg(ttl_ms)

@@ -543,7 +543,10 @@ impl RedlockBackend {
             .key(keys.fence())
             .arg(&owner)
             .arg(ttl_ms)
-            .arg(&meta);
+            .arg(&meta)
+            // The value is this attempt's alone: a key holding it can only
+            // be this attempt's own grant, so it is always taken over.
+            .arg("1");
         let policy = ClockPolicy {
             drift: req.clock.drift.max(self.inner.config.drift_factor),
             margin: req.clock.margin.max(self.inner.config.drift),

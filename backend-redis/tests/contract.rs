@@ -1,7 +1,7 @@
 //! Contract fixes from review (issue #9), on a real redis-server, in both
 //! wire formats: a release after someone else's grant is a loss, a retried
-//! attempt recognises its own grant, and an evicted fencing counter never
-//! hands out a lower token.
+//! attempt recognises its own unanswered grant (and only that), and an
+//! evicted fencing counter never hands out a lower token.
 
 mod common;
 
@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::{acquire_free, name, req, server_and_clients};
 use lock_core::{AcquireRequest, LockBackend, OwnerToken};
 use redis::AsyncCommands;
+use testkit::{Mode, Proxy};
 use tokio::time::Instant;
 
 const FORMATS: [&str; 2] = ["", "?format=redisson"];
@@ -45,14 +46,35 @@ async fn release_and_renew_after_a_later_grant_are_lost() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_recognises_its_own_orphaned_grant() {
-    let (_srv, ours, mut raw) = server_and_clients("").await;
+    let srv = common::server();
+    let proxy = Proxy::start(srv.addr()).unwrap();
+    let ours = common::backend(&format!(
+        "redis://127.0.0.1:{}/0?op_timeout=300ms",
+        proxy.port()
+    ))
+    .await;
+    let direct = common::backend(&srv.url()).await;
+    let mut raw = common::raw(&srv.url()).await;
     let n = name("contract/orphan");
     let owner = OwnerToken::random();
     let ttl = Duration::from_secs(30);
     let request = AcquireRequest::new(n.clone(), owner, ttl, Duration::from_secs(3)).unwrap();
-    // The first attempt ran on the server; its reply never reached us.
-    let orphan = ours.try_acquire(&request).await.unwrap().expect("free");
+    // Opens the connection while the network is fast.
+    assert!(ours.inspect(&n).await.unwrap().is_none());
+    // The first attempt runs on the server; its reply comes after the
+    // operation timeout.
+    proxy.set_mode(Mode::Delay(Duration::from_millis(500)));
+    let first = ours.try_acquire(&request).await;
+    assert!(first.as_ref().is_err_and(|e| e.is_retryable()), "{first:?}");
+    let landed = common::eventually(Duration::from_secs(10), || async {
+        direct.inspect(&n).await.unwrap().is_some()
+    })
+    .await;
+    assert!(landed, "the first attempt never ran");
+    let orphan = direct.inspect(&n).await.unwrap().expect("held");
+    assert_eq!(orphan.owner, owner.to_string());
     let _: () = raw.pexpire(n.as_str(), 10_000).await.unwrap();
+    proxy.set_mode(Mode::Pass);
     // The retry finds our own grant at once instead of waiting for it.
     let started = Instant::now();
     let lease = ours
@@ -65,11 +87,15 @@ async fn a_retry_recognises_its_own_orphaned_grant() {
         "{:?}",
         started.elapsed()
     );
-    assert_eq!(lease.fence(), orphan.fence(), "the same grant");
+    assert_eq!(Some(lease.fence()), orphan.fence, "the same grant");
     let pttl: i64 = raw.pttl(n.as_str()).await.unwrap();
     assert!(pttl > 25_000, "the retry's TTL applies: {pttl}");
     // Another owner still cannot take it.
     assert!(ours.try_acquire(&req(&n, ttl)).await.unwrap().is_none());
+    // An answered grant is not taken over by the same owner's next
+    // acquisition: that would hand out its token again, and its release
+    // would delete the new holder's lock.
+    assert!(ours.try_acquire(&request).await.unwrap().is_none());
     ours.release(&lease).await.unwrap();
     assert!(ours.inspect(&n).await.unwrap().is_none());
 }

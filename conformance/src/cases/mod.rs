@@ -91,6 +91,7 @@ pub fn all() -> Vec<Case> {
         case!(input::bad_input_is_refused_before_any_io),
         case!(reentrancy::reentrant_owner_counts_holds),
         case!(reentrancy::reentry_after_loss_takes_a_new_lease),
+        case!(reentrancy::reacquiring_after_a_dropped_guard_is_a_lease_of_its_own),
         case!(declared::granted_ttl_follows_the_declared_minimum_and_step),
         case!(declared::force_release_does_what_is_declared),
         case!(declared::holder_meta_is_kept_where_declared),

@@ -153,3 +153,44 @@ pub(crate) async fn reentry_after_loss_takes_a_new_lease(ctx: &Ctx<'_>) {
     );
     fresh.release().await.expect("release");
 }
+
+/// An owner drops its guard (the release goes to the background) and takes
+/// the lock again at once: the old hold's release must not take the lock
+/// from under the new guard. Taking over the old grant (the same owner
+/// token is on the lock) and then letting the background release delete
+/// it would let another client in while that guard holds. (A backend that
+/// counts holds per owner, as Redisson's format does, may give the new
+/// guard one more hold on the old lease: the release then only takes that
+/// one back.)
+pub(crate) async fn reacquiring_after_a_dropped_guard_is_a_lease_of_its_own(ctx: &Ctx<'_>) {
+    let name = ctx.name("drop-reacquire");
+    let locker = ctx.locker().await;
+    let other = ctx.client().await;
+    let owner = Owner::new();
+    let mut guard = locker
+        .lock(name.as_str())
+        .owner(&owner)
+        .acquire()
+        .await
+        .expect("first hold");
+    for round in 0..10 {
+        drop(guard);
+        guard = locker
+            .lock(name.as_str())
+            .owner(&owner)
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+            .expect("taken again");
+        // Time for the dropped guard's release to have run.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(guard.is_held(), "round {round}");
+        assert!(
+            raw_try(&other, &name, Duration::from_secs(30))
+                .await
+                .is_none(),
+            "round {round}: another client took the lock the new guard holds"
+        );
+    }
+    guard.release().await.expect("release");
+}
