@@ -409,6 +409,12 @@ pub(crate) fn database(u: &LockUrl) -> Result<i64, LockError> {
     let digits = &p[1..];
     match digits.parse::<i64>() {
         Ok(n) if n >= 0 && digits.bytes().all(|b| b.is_ascii_digit()) => Ok(n),
+        // An '@' in the path: a password with an unencoded '/' was cut
+        // there, and the path holds its tail, so it is not quoted.
+        _ if p.contains('@') => Err(u.error(
+            "the path must be a database number, like /0; a password containing `/` must \
+             percent-encode it (`%2F`)",
+        )),
         _ => Err(u.error(format_args!(
             "the path must be a database number, like /0; got `{p}`"
         ))),
@@ -480,6 +486,10 @@ mod tests {
     fn refuses_mistakes_with_clear_messages() {
         assert!(err("redis://h/x").contains("database number"));
         assert!(err("redis://h/-1").contains("database number"));
+        // A password with an unencoded '/' whose head looks like a port:
+        // the "path" is the password's tail, never shown.
+        let m = err("redis://user:6379/s3cret@host");
+        assert!(m.contains("%2F") && !m.contains("s3cret"), "{m}");
         assert!(err("redis://h:99999").contains("port"));
         assert!(err("redis://h:0").contains("port"));
         assert!(err("redis://h?format=json").contains("plain or redisson"));
