@@ -52,7 +52,10 @@ const MIN_QUEUE_ENTRY_LIFE: Duration = Duration::from_secs(2);
 /// entry) instead of waking it to try. A live waiter attempts at least every
 /// [`FAIR_BACKOFF`] maximum (plus the attempt's own time); an entry older
 /// than this may belong to a waiter that died, which would otherwise hold
-/// the lock for a whole TTL instead of until its entry's deadline.
+/// the lock for a whole TTL instead of until its entry's deadline. A waiter
+/// that dies within this second of its last attempt (or whose leave after
+/// a cancelled wait fails) can still be granted the lock, which nobody then
+/// holds until its TTL runs out: a cost in liveness, never in exclusion.
 const GRANT_FRESHNESS: Duration = Duration::from_secs(1);
 
 /// Polling for a foreign holder's release when the server sends no
