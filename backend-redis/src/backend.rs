@@ -174,8 +174,10 @@ struct Inner {
     /// Acquire attempts (name, owner) whose reply never arrived: timed
     /// out, failed on the wire, or dropped. Such an attempt may have taken
     /// the lock on the server; the next attempt of the same owner takes
-    /// that grant back instead of waiting for it (the Redisson format,
-    /// where the same holder field otherwise counts one more hold).
+    /// that grant back instead of waiting for it (in the Redisson format,
+    /// the same holder field would otherwise count one more hold). Without
+    /// a mark, a grant under the owner's token is another acquisition's,
+    /// never taken over (plain_acquire.lua).
     unanswered: Mutex<HashSet<(LockName, OwnerToken)>>,
 }
 
@@ -240,7 +242,9 @@ impl<'a> Unanswered<'a> {
         // Every critical section is one insert, remove or clear.
         let mut marks = set.lock().unwrap_or_else(|p| p.into_inner());
         // Marks of attempts nobody retried would pile up; forgetting them
-        // only costs a retry its recovery (one extra hold), never safety.
+        // only costs a retry its recovery (one extra hold in the Redisson
+        // format, a wait for its own grant's TTL in the plain one), never
+        // safety.
         if marks.len() >= MAX_UNANSWERED {
             marks.clear();
         }
