@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lock_core::turns::{Turn, Turns};
 use lock_core::wait::{acquire_loop, Backoff};
 use lock_core::{
     validate_list, AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees,
@@ -179,6 +180,13 @@ struct Inner {
     /// a mark, a grant under the owner's token is another acquisition's,
     /// never taken over (plain_acquire.lua).
     unanswered: Mutex<HashSet<(LockName, OwnerToken)>>,
+    /// One acquire attempt at a time per name and owner, each with what
+    /// cleans up after it (`RetryInFlight`, a detached retry's undo). The
+    /// unanswered mark lets an attempt take over the grant of the one
+    /// before; an [`lock_core::Owner`]'s next acquisition waits here until
+    /// that cleanup has run, so it is never the grant taken over, nor the
+    /// one the cleanup then frees.
+    turns: Turns,
 }
 
 /// How many unanswered attempts a client remembers.
@@ -192,19 +200,19 @@ const MAX_UNANSWERED: usize = 4096;
 /// waiters, or in fair mode hands the lock on); if not, it changes nothing.
 /// Its fencing token is the highest there is, so the counter check passes
 /// and the owner decides: each acquisition's owner token is its own, and an
-/// [`lock_core::Owner`]'s next acquisition of the name is sent after this.
+/// [`lock_core::Owner`]'s next acquisition of the name waits for the retry's
+/// turn, which the release keeps until it is answered.
 struct RetryInFlight<'a> {
     backend: &'a RedisBackend,
     req: &'a AcquireRequest,
-    answered: bool,
+    /// `None` once answered.
+    turn: Option<Turn>,
 }
 
 impl Drop for RetryInFlight<'_> {
     fn drop(&mut self) {
-        if self.answered {
-            return;
-        }
-        let (Ok(rt), Some(fence)) = (
+        let (Some(turn), Ok(rt), Some(fence)) = (
+            self.turn.take(),
             tokio::runtime::Handle::try_current(),
             FencingToken::new(u64::MAX),
         ) else {
@@ -213,6 +221,7 @@ impl Drop for RetryInFlight<'_> {
         let backend = self.backend.clone();
         let lease = self.req.lease(fence, self.req.ttl, Instant::now());
         rt.spawn(async move {
+            let _turn = turn;
             match backend.release(&lease).await {
                 // Released what the retry won, found nothing, or found
                 // someone else's lock (left untouched): all as it should be.
@@ -348,6 +357,7 @@ impl RedisBackend {
                 followers: Mutex::default(),
                 foreign_wake,
                 unanswered: Mutex::default(),
+                turns: Turns::default(),
             }),
         };
         tracing::info!(
@@ -425,9 +435,18 @@ impl RedisBackend {
         )
     }
 
+    /// The turn an acquire attempt of `req` takes first (see `Inner::turns`).
+    fn turn(
+        &self,
+        req: &AcquireRequest,
+    ) -> impl std::future::Future<Output = Turn> + Send + 'static {
+        self.inner.turns.take(&req.name, req.owner)
+    }
+
     /// One acquire attempt, keeping what a waiter needs to know. In fair
     /// mode `waiter` is the attempt's queue entry and whether a refused
-    /// attempt joins (or stays in) the queue.
+    /// attempt joins (or stays in) the queue. Called in the turn of `req`'s
+    /// name and owner (`RedisBackend::turn`), held at least until it returns.
     async fn attempt(
         &self,
         req: &AcquireRequest,
@@ -851,35 +870,48 @@ impl RedisBackend {
             let retry = tries > 1;
             // (Fair mode is plain format only, so a detached retry never
             // queues.)
+            // Either keeps its turn until the undo is done.
             let detached = (retry && self.inner.layout.format == Format::Redisson).then(|| {
                 let (this, req) = (self.clone(), req.clone());
                 let undo = {
                     let this = self.clone();
-                    move |answer: Attempt| async move {
+                    move |(answer, _turn): (Attempt, Turn)| async move {
                         if let Attempt::Acquired(lease) = answer {
                             lock_core::wait::undo_grant(&this, &lease).await;
                         }
                     }
                 };
-                lock_core::wait::detached(async move { this.attempt(&req, None).await }, undo)
+                lock_core::wait::detached(
+                    async move {
+                        let turn = this.turn(&req).await;
+                        let answer = this.attempt(&req, None).await?;
+                        Ok((answer, turn))
+                    },
+                    undo,
+                )
             });
             async move {
                 if let Some(lease) = self.granted(req, grants_ref.get(), refused_ref) {
                     return Ok(Some(lease));
                 }
                 let attempt = match detached {
-                    Some(detached) => detached.await,
+                    Some(detached) => detached.await.map(|(answer, _turn)| answer),
                     None => {
-                        let mut in_flight = retry.then(|| RetryInFlight {
-                            backend: self,
-                            req,
-                            answered: false,
-                        });
-                        let attempt = self.attempt(req, queued).await;
-                        if let Some(f) = in_flight.as_mut() {
-                            f.answered = true;
+                        let turn = self.turn(req).await;
+                        if retry {
+                            let mut in_flight = RetryInFlight {
+                                backend: self,
+                                req,
+                                turn: Some(turn),
+                            };
+                            let attempt = self.attempt(req, queued).await;
+                            in_flight.turn = None;
+                            attempt
+                        } else {
+                            let attempt = self.attempt(req, queued).await;
+                            drop(turn);
+                            attempt
                         }
-                        attempt
                     }
                 };
                 let ends = match &attempt {
@@ -1190,22 +1222,20 @@ impl LockBackend for RedisBackend {
         // Fair mode: a fresh id is never first in a non-empty queue, so a
         // try succeeds only when nobody waits, and never joins.
         let id = self.inner.config.fair.then(new_waiter_id);
-        Ok(
-            match self
-                .attempt(req, id.as_deref().map(|id| (id, false)))
-                .await?
-            {
-                Attempt::Acquired(lease) => Some(lease),
-                Attempt::Held { .. } => None,
-            },
-        )
+        let turn = self.turn(req).await;
+        let attempt = self.attempt(req, id.as_deref().map(|id| (id, false))).await;
+        drop(turn);
+        Ok(match attempt? {
+            Attempt::Acquired(lease) => Some(lease),
+            Attempt::Held { .. } => None,
+        })
     }
 
     /// Tries once; if the lock is held, subscribes to its release channel
     /// and retries on every release message, on the holder's expiry, and on
     /// a bounded fallback poll, until `req.wait` runs out.
     ///
-    /// # Cancel safety
+    /// # Fair mode
     /// In fair mode ([`RedisConfig::fair`]) the first refused attempt also
     /// joins the lock's queue, each later one keeps the entry alive, and
     /// the lock is granted only to the queue's first live waiter; a release

@@ -1,6 +1,6 @@
 //! Waiting: release messages wake waiters at once, cancelled waiters leave
 //! no subscription behind, and one pub/sub connection serves all waiters of
-//! a client.
+//! a client; a cancelled retry is cleaned up before its owner acquires again.
 
 mod common;
 
@@ -259,6 +259,76 @@ async fn cancel_mid_retry(query: &str) {
             .await,
             "{query:?} round {round}: the cancelled waiter's retry took the lock and nobody released it"
         );
+    }
+    assert!(
+        cut_mid_retry > 0,
+        "{query:?}: no round cancelled a retry on the wire; the test proved nothing"
+    );
+}
+
+/// An explicit owner that acquires the name again right after cancelling a
+/// wait whose retry is on the wire gets a lock of its own that stays held.
+/// The retry's cleanup (a release behind it, or the undo of its detached
+/// task) must run before that next attempt: sent after it, it frees the
+/// lock the next attempt took over as the retry's unanswered grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owners_next_acquire_waits_for_its_cancelled_retrys_cleanup() {
+    for mode in ["", "?fair=true", "?format=redisson"] {
+        next_acquire_after_cancelled_retry(mode).await;
+    }
+}
+
+async fn next_acquire_after_cancelled_retry(query: &str) {
+    use lock_core::{AcquireRequest, OwnerToken};
+    use testkit::{Mode, Proxy};
+    let srv = server();
+    let proxy = Proxy::start(srv.addr()).expect("proxy");
+    let holder = backend(&format!("{}{query}", srv.url())).await;
+    let waiter = backend(&format!("redis://{}{query}", proxy.addr())).await;
+    let ttl = Duration::from_secs(30);
+    let link = Duration::from_millis(300);
+    let mut cut_mid_retry = 0;
+    for round in 0..3 {
+        proxy.set_mode(Mode::Pass);
+        let n = name(&format!("again-{round}"));
+        let owner = OwnerToken::random();
+        let lease = acquire_free(&holder, &n, ttl).await;
+        let task = tokio::spawn({
+            let waiter = waiter.clone();
+            let req = AcquireRequest::new(n.clone(), owner, ttl, ttl).unwrap();
+            async move { waiter.acquire(&req).await }
+        });
+        sleep(Duration::from_millis(300)).await;
+        proxy.set_mode(Mode::Delay(link));
+        sleep(link * 2).await;
+        holder.release(&lease).await.unwrap();
+        sleep(link + link / 2).await;
+        if task.is_finished() {
+            let won = task.await.unwrap().unwrap().expect("a lease");
+            waiter.release(&won).await.unwrap();
+            continue;
+        }
+        task.abort();
+        assert!(task.await.is_err_and(|e| e.is_cancelled()));
+        cut_mid_retry += 1;
+        let again = AcquireRequest::new(n.clone(), owner, ttl, Duration::ZERO).unwrap();
+        let mine = waiter
+            .try_acquire(&again)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| {
+                panic!("{query:?} round {round}: the lock was not freed for the owner")
+            });
+        // Whatever the cancelled retry left to run has run by now.
+        sleep(link * 4).await;
+        let seen = holder.inspect(&n).await.unwrap();
+        assert_eq!(
+            seen.as_ref().and_then(|h| h.fence),
+            Some(mine.fence()),
+            "{query:?} round {round}: the owner's new lock is gone (holder {seen:?}); the cancelled retry's cleanup freed it"
+        );
+        proxy.set_mode(Mode::Pass);
+        waiter.release(&mine).await.unwrap();
     }
     assert!(
         cut_mid_retry > 0,

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lock_core::turns::Turns;
 use lock_core::{
     async_trait, validate_list, wait, AcquireRequest, FencingToken, Guarantees, HolderInfo,
     HolderMeta, Lease, LockBackend, LockError, LockName, OwnerToken,
@@ -84,7 +85,7 @@ struct Inner {
     /// One turn per name and owner at a time for acquire statements; see
     /// [`SqlBackend::try_acquire`]. An entry lives while a turn is taken
     /// or awaited.
-    turns: Mutex<HashMap<(LockName, OwnerToken), Gate>>,
+    turns: Turns,
 }
 
 /// Which operations may take a connection.
@@ -374,7 +375,7 @@ impl SqlBackend {
                 hub,
                 fences_ready: OnceCell::new(),
                 unsure: Mutex::new(HashMap::new()),
-                turns: Mutex::new(HashMap::new()),
+                turns: Turns::default(),
                 config,
             }),
         })
@@ -845,20 +846,6 @@ impl SqlBackend {
         *t = (*t).max(until);
     }
 
-    /// Waits for this client's turn to send an acquire for `attempt`'s
-    /// name and owner.
-    async fn turn(&self, attempt: &(LockName, OwnerToken)) -> Turn<'_> {
-        let gate = {
-            let mut turns = self.inner.turns.lock().unwrap_or_else(|p| p.into_inner());
-            Arc::clone(turns.entry(attempt.clone()).or_default())
-        };
-        Turn {
-            backend: self,
-            key: attempt.clone(),
-            guard: Some(gate.lock_owned().await),
-        }
-    }
-
     /// The attempt got an answer: nothing of it is unknown.
     fn settle(&self, attempt: &(LockName, OwnerToken)) {
         self.unsure().remove(attempt);
@@ -943,35 +930,6 @@ impl Row {
     }
 }
 
-/// Where acquisitions of one name under one owner take turns.
-type Gate = Arc<tokio::sync::Mutex<()>>;
-
-/// This client's turn to acquire one name under one owner.
-struct Turn<'a> {
-    backend: &'a SqlBackend,
-    key: (LockName, OwnerToken),
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-}
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        drop(self.guard.take());
-        let mut turns = self
-            .backend
-            .inner
-            .turns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        // Only the map holds the gate: nobody has or awaits a turn.
-        if turns
-            .get(&self.key)
-            .is_some_and(|g| Arc::strong_count(g) == 1)
-        {
-            turns.remove(&self.key);
-        }
-    }
-}
-
 /// An acquire attempt in flight; see [`SqlBackend::try_acquire`].
 struct Pending<'a> {
     backend: &'a SqlBackend,
@@ -1016,7 +974,7 @@ impl LockBackend for SqlBackend {
         let attempt = (req.name.clone(), req.owner);
         // Held until the answer is in, and any unsure mark is recorded
         // (`pending` is dropped first).
-        let _turn = self.turn(&attempt).await;
+        let _turn = self.inner.turns.take(&req.name, req.owner).await;
         // Measured before the statement leaves, so the local deadline is
         // never later than the database's expiry.
         let sent_at = Instant::now();

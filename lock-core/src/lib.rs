@@ -41,6 +41,7 @@ mod observe;
 mod owner;
 mod redact;
 mod token;
+pub mod turns;
 pub mod url;
 pub mod wait;
 mod watchdog;
