@@ -13,6 +13,7 @@
 -- same field again adds a hold and keeps the token (same holding) -- unless
 -- the client says an earlier attempt went unanswered: then the field is that
 -- attempt's grant, taken back with this attempt's TTL and no extra hold.
+-- Either way the expiry only moves later (redisson_extend_fn.lua).
 --
 -- Returns {1, fence} when taken, {0, pttl} when someone else holds it.
 -- The description sits in polylock's own hash, never in Redisson's lock
@@ -48,7 +49,8 @@ if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1 then
   if ARGV[3] == '1' or redis.call('HGET', KEYS[3], 'owner') ~= ARGV[2] then
     book()
   end
-  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+  -- Never shortened: another hold of this field may run longer.
+  extend(KEYS[1], ARGV[1])
   local fence = redis.call('GET', KEYS[2])
   if not fence then
     redis.call('SET', KEYS[2], fence_seed(), 'NX')

@@ -5,7 +5,8 @@
 -- KEYS[2] fencing counter  ARGV[2] fencing token    ARGV[4] Redisson's channel
 -- KEYS[3] polylock's bookkeeping hash
 --
--- Returns 1 released, 2 a hold remains (expiry reset to the TTL), 0 nothing
+-- Returns 1 released, 2 a hold remains (expiry refreshed to the TTL, as
+-- Redisson's unlock does, but never shortened), 0 nothing
 -- to release (gone, and nobody was granted it since), -1 lost: someone else
 -- holds it (left untouched) or was granted it after us (the counter moved).
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -18,7 +19,7 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 or redis.call('GET', KEYS[2]) ~=
   return -1
 end
 if redis.call('HINCRBY', KEYS[1], ARGV[1], -1) > 0 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  extend(KEYS[1], ARGV[3])
   return 2
 end
 redis.call('DEL', KEYS[1])

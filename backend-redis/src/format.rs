@@ -105,18 +105,25 @@ static PLAIN: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 static REDISSON: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     acquire: Script::new(concat!(
         include_str!("../scripts/fence_seed.lua"),
+        include_str!("../scripts/redisson_extend_fn.lua"),
         include_str!("../scripts/redisson_acquire.lua")
     )),
-    release: Script::new(include_str!("../scripts/redisson_release.lua")),
+    release: Script::new(concat!(
+        include_str!("../scripts/redisson_extend_fn.lua"),
+        include_str!("../scripts/redisson_release.lua")
+    )),
     renew: Script::new(concat!(
+        include_str!("../scripts/redisson_extend_fn.lua"),
         include_str!("../scripts/redisson_renew_fn.lua"),
         include_str!("../scripts/redisson_renew.lua")
     )),
     renew_many: Script::new(concat!(
+        include_str!("../scripts/redisson_extend_fn.lua"),
         include_str!("../scripts/redisson_renew_fn.lua"),
         include_str!("../scripts/renew_many.lua")
     )),
     renew_many_cluster: Script::new(cross_slot!(
+        include_str!("../scripts/redisson_extend_fn.lua"),
         include_str!("../scripts/redisson_renew_fn.lua"),
         include_str!("../scripts/renew_many.lua")
     )),

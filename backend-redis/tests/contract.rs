@@ -1,7 +1,8 @@
 //! Contract fixes from review (issue #9), on a real redis-server, in both
 //! wire formats: a release after someone else's grant is a loss, a retried
 //! attempt recognises its own unanswered grant (and only that), and an
-//! evicted fencing counter never hands out a lower token.
+//! evicted fencing counter never hands out a lower token, and one Redisson
+//! hold never shortens the expiry another hold of the same owner relies on.
 
 mod common;
 
@@ -182,4 +183,54 @@ async fn an_evicted_fence_counter_never_hands_out_a_lower_token() {
         assert!(after.fence().get() < 1 << 53, "exact in a double");
         ours.release(&after).await.unwrap();
     }
+}
+
+/// Redisson format: the holds of one owner share the hash's expiry, while
+/// each lease has its own deadline. A hold taken, renewed or released with
+/// a short TTL must leave the expiry covering a longer-lived hold of the
+/// same owner: cut short, the key expires while that lease still believes
+/// it holds, and another client takes the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redisson_hold_never_shortens_another_holds_expiry() {
+    let (_srv, ours, mut raw) = server_and_clients("?format=redisson").await;
+    let n = name("contract/redisson-expiry");
+    let owner = OwnerToken::random();
+    let long = Duration::from_secs(60);
+    let short = Duration::from_secs(2);
+    let at = |ttl| AcquireRequest::new(n.clone(), owner, ttl, Duration::ZERO).unwrap();
+    let first = ours.try_acquire(&at(long)).await.unwrap().expect("free");
+    let second = ours
+        .try_acquire(&at(short))
+        .await
+        .unwrap()
+        .expect("re-enter");
+    let covers_the_long_lease = |pttl: i64| pttl > 50_000;
+    let pttl: i64 = raw.pttl(n.as_str()).await.unwrap();
+    assert!(
+        covers_the_long_lease(pttl),
+        "re-entry with a short TTL: PTTL {pttl} ms"
+    );
+    let renewed = ours.renew(&second).await.unwrap();
+    let pttl: i64 = raw.pttl(n.as_str()).await.unwrap();
+    assert!(
+        covers_the_long_lease(pttl),
+        "renewal of the short hold: PTTL {pttl} ms"
+    );
+    ours.release(&renewed).await.unwrap();
+    let pttl: i64 = raw.pttl(n.as_str()).await.unwrap();
+    assert!(
+        covers_the_long_lease(pttl),
+        "release of the short hold: PTTL {pttl} ms"
+    );
+    // Past the short TTL, the long hold is still the holder.
+    tokio::time::sleep(short + Duration::from_millis(500)).await;
+    let other = ours.try_acquire(&req(&n, long)).await.unwrap();
+    assert!(
+        other.is_none(),
+        "another client took the lock of a live lease"
+    );
+    // And renewing the long lease extends the expiry as before.
+    let first = ours.renew(&first).await.unwrap();
+    ours.release(&first).await.unwrap();
+    assert!(ours.inspect(&n).await.unwrap().is_none());
 }

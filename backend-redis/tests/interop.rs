@@ -209,8 +209,9 @@ async fn redisson_layout_is_exact() {
     pubsub.subscribe(&keys.channel).await.unwrap();
     let mut messages = pubsub.into_on_message();
 
-    // Dropping one of two holds keeps the lock, resets the expiry, and
-    // publishes nothing.
+    // Dropping one of two holds keeps the lock, resets an expiry shorter
+    // than the TTL (never a longer one, see contract.rs), and publishes
+    // nothing.
     let _: () = r.pexpire("orders", 5_000).await.unwrap();
     ours.release(&second).await.unwrap();
     let count: String = r.hget("orders", &field).await.unwrap();
