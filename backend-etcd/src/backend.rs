@@ -20,6 +20,7 @@ use crate::queue::{self, Claim, Released, Values};
 use crate::session::{spawn_cleanup, Cleanup, Closed, Session, SessionInfo, SessionUse};
 use crate::slot::{Slot, Slots};
 use crate::watch::{Subscription, Watches};
+use lock_core::wait::{Backoff, Pacer};
 use lock_core::{owner_value, parse_owner_value};
 
 /// The smallest lease etcd grants with its default election timing
@@ -32,6 +33,14 @@ const RECHECK: Duration = Duration::from_secs(5);
 
 /// A pause before retrying a failed read while waiting in the queue.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// The pacing of a waiting acquire's new attempts after a retryable
+/// failure (a leader election, a broken connection), unless the request
+/// brings its own ([`AcquireRequest::retry`]).
+const ERROR_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(20),
+    max: Duration::from_millis(500),
+};
 
 /// How long a release keeps asking after a retryable failure: long enough
 /// for a connection that broke under it to be made again, short enough
@@ -719,7 +728,7 @@ impl LockBackend for EtcdBackend {
             return self.try_acquire(req).await;
         }
         let deadline = req.wait_deadline();
-        let mut pause = Duration::from_millis(20);
+        let mut pacer = Pacer::new(req.backoff_or(ERROR_BACKOFF));
         loop {
             let Ok(slot) = timeout_at(deadline, self.inner.slots.take(&req.name)).await else {
                 return Ok(None);
@@ -729,8 +738,7 @@ impl LockBackend for EtcdBackend {
                 // holds the slot until then, so the retry waits for that.
                 Err(e) if e.is_retryable() && Instant::now() < deadline => {
                     tracing::debug!(name = %req.name, error = %e, "polylock: etcd acquire failed; retrying until the wait ends");
-                    pause_until(pause, deadline).await;
-                    pause = (pause * 2).min(Duration::from_millis(500));
+                    pacer.pause_until(deadline).await;
                 }
                 other => return other,
             }

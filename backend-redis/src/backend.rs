@@ -980,7 +980,8 @@ impl RedisBackend {
         }
         // The subscription is live from here on, so the loop's first attempt
         // (made now) cannot miss a release that came after the one above.
-        let backoff = if !subscribed {
+        // The caller's pacing, when it asked for one, paces the fallback.
+        let backoff = req.backoff_or(if !subscribed {
             tracing::debug!(name = %req.name, "polylock redis: no pub/sub; waiting by polling");
             Backoff::default()
         } else if self.inner.foreign_wake == ForeignWake::Polling {
@@ -989,7 +990,7 @@ impl RedisBackend {
             FAIR_BACKOFF
         } else {
             SUBSCRIBED_BACKOFF
-        };
+        });
         let follower = follower.as_deref();
         acquire_loop(attempt, deadline, backoff, || {
             wake_up(&subs, follower, &expiry)

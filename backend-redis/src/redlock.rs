@@ -848,10 +848,10 @@ impl LockBackend for RedlockBackend {
     /// dropping [`try_acquire`](LockBackend::try_acquire).
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         let max = self.inner.config.retry_delay;
-        let backoff = Backoff {
+        let backoff = req.backoff_or(Backoff {
             initial: (max / 4).max(Duration::from_millis(1)),
             max,
-        };
+        });
         // An uncontended lock costs one round and no subscription.
         match self.attempt(req).await {
             Ok(Some(lease)) => return Ok(Some(lease)),

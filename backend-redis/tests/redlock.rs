@@ -1134,3 +1134,37 @@ async fn batch_renewals_queued_on_the_nodes_are_not_cut_by_the_node_timeout() {
         failed[0]
     );
 }
+
+/// The pacing a caller asks for (`Locker::with_retry`) paces a waiter's
+/// attempts between release messages: over the same wait for a lock that
+/// stays held, a fast pacing runs many more attempts than a slow one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiters_attempts_follow_the_requested_pacing() {
+    let servers = RedisServer::start_independent(3, &[]).expect("start three redis-servers");
+    let holder = client(&servers).await;
+    let n = name("paced");
+    let lease = holder
+        .try_acquire(&req(&n, Duration::from_secs(60)))
+        .await
+        .unwrap()
+        .expect("free");
+    let mut attempts = Vec::new();
+    for pace in [Duration::from_millis(20), Duration::from_millis(500)] {
+        let locker = Locker::from_arc(client(&servers).await)
+            .with_retry(lock_core::wait::Backoff::new(pace, pace).unwrap());
+        let before = scripts_run(&servers[..1]).await[0];
+        let r = locker
+            .lock(n.as_str())
+            .wait(Duration::from_millis(1500))
+            .acquire()
+            .await;
+        assert!(r.is_err(), "acquired a held lock");
+        attempts.push(scripts_run(&servers[..1]).await[0] - before);
+    }
+    let (fast, slow) = (attempts[0], attempts[1]);
+    assert!(
+        fast >= 20 && fast > slow * 4,
+        "{fast} scripts on a node at a 20 ms pacing, {slow} at 500 ms"
+    );
+    holder.release(&lease).await.unwrap();
+}

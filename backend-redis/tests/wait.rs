@@ -335,3 +335,38 @@ async fn next_acquire_after_cancelled_retry(query: &str) {
         "{query:?}: no round cancelled a retry on the wire; the test proved nothing"
     );
 }
+
+/// The pacing a caller asks for (`Locker::with_retry`) paces a waiter's
+/// fallback polls: over the same wait for a lock that stays held, a fast
+/// pacing runs many more attempts on the server than a slow one. (Release
+/// messages still wake a waiter at once: see the tests above.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiters_fallback_polls_follow_the_requested_pacing() {
+    for query in ["", "?fair=true", "?format=redisson"] {
+        let srv = server();
+        let url = format!("{}{query}", srv.url());
+        let holder = backend(&url).await;
+        let counter = raw(&srv.url()).await;
+        let n = name("paced");
+        let lease = acquire_free(&holder, &n, Duration::from_secs(60)).await;
+        let mut attempts = Vec::new();
+        for pace in [Duration::from_millis(20), Duration::from_millis(500)] {
+            let locker = Locker::from_arc(backend(&url).await)
+                .with_retry(lock_core::wait::Backoff::new(pace, pace).unwrap());
+            let before = common::script_calls(&counter).await;
+            let r = locker
+                .lock(n.as_str())
+                .wait(Duration::from_millis(1500))
+                .acquire()
+                .await;
+            assert!(r.is_err(), "{query:?}: acquired a held lock");
+            attempts.push(common::script_calls(&counter).await - before);
+        }
+        let (fast, slow) = (attempts[0], attempts[1]);
+        assert!(
+            fast >= 20 && fast > slow * 4,
+            "{query:?}: {fast} attempts at a 20 ms pacing, {slow} at 500 ms"
+        );
+        holder.release(&lease).await.unwrap();
+    }
+}

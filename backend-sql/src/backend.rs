@@ -1080,7 +1080,7 @@ impl LockBackend for SqlBackend {
     /// releases the row if it won it. Dropping it during the first attempt
     /// is like dropping [`try_acquire`](LockBackend::try_acquire).
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
-        let backoff = backoff(self.inner.config.max_poll);
+        let backoff = req.backoff_or(backoff(self.inner.config.max_poll));
         let mut tries = 0u32;
         // PostgreSQL: whether the row records that this waiter wants its
         // release notified (a release notifies only then).

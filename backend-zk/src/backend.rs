@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use lock_core::wait::{Backoff, Pacer};
 use lock_core::{
     AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Lease,
     LockBackend, LockError, LockName, WaitMechanism,
@@ -38,6 +39,14 @@ const RECHECK: Duration = Duration::from_secs(2);
 /// longest a default-configured server grants (20 ticks of 2 s is 40 s;
 /// the test kit's servers give 10 s).
 const ADMIN_SESSION: Duration = Duration::from_secs(30);
+
+/// The pacing of a waiting acquire's new passes after a retryable failure
+/// (a lost connection, an expired session), unless the request brings its
+/// own ([`AcquireRequest::retry`]).
+const ERROR_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(50),
+    max: Duration::from_millis(500),
+};
 
 /// How many released node paths a client remembers, to answer a repeated
 /// release with `Ok`.
@@ -1072,11 +1081,12 @@ impl LockBackend for ZkBackend {
         let deadline = req.wait_deadline();
         // Each pass waits what is left of the one wait, not a fresh one.
         let mut pass = req.clone();
+        let mut pacer = Pacer::new(req.backoff_or(ERROR_BACKOFF));
         loop {
             pass.wait = deadline.saturating_duration_since(Instant::now());
             match self.contend(&pass).await {
                 Err(e) if e.is_retryable() && Instant::now() < deadline => {
-                    sleep(Duration::from_millis(50)).await;
+                    pacer.pause_until(deadline).await;
                 }
                 other => return other,
             }

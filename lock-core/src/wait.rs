@@ -82,6 +82,50 @@ impl Backoff {
     }
 }
 
+/// The pauses of a [`Backoff`] one after another, for waits that retry
+/// only after errors (backends whose server queues the waiters): each pause
+/// jittered, the next one twice as long, up to `max`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use lock_core::wait::{Backoff, Pacer};
+/// use tokio::time::Instant;
+/// let mut pacer = Pacer::new(Backoff::new(Duration::from_millis(100), Duration::from_secs(1)).unwrap());
+/// let start = Instant::now();
+/// pacer.pause_until(start + Duration::from_secs(60)).await;
+/// assert!(start.elapsed() >= Duration::from_millis(50) && start.elapsed() <= Duration::from_millis(100));
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Pacer {
+    backoff: Backoff,
+    next: Duration,
+}
+
+impl Pacer {
+    /// Pauses paced by `backoff`, starting at its `initial`.
+    pub fn new(backoff: Backoff) -> Self {
+        Pacer {
+            backoff,
+            next: backoff.initial.max(Duration::from_millis(1)),
+        }
+    }
+
+    /// Sleeps the next pause, or until `deadline` if that comes first.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped pause leaves the next one as it was.
+    pub async fn pause_until(&mut self, deadline: Instant) {
+        let pause = Backoff::jittered(self.next);
+        sleep_until(deadline.min(crate::lease::later(Instant::now(), pause))).await;
+        self.next = self
+            .next
+            .saturating_mul(2)
+            .min(self.backoff.max.max(self.backoff.initial));
+    }
+}
+
 /// Polls `backend.try_acquire` with jittered exponential backoff until it
 /// succeeds or `req.wait` runs out. The fallback for backends with no
 /// wake-up.

@@ -1,6 +1,6 @@
 //! Waiting: polling dialects hand off within about `max_poll`; on
 //! PostgreSQL an expired (never released, so never notified) lock is still
-//! found by the fallback timer.
+//! found by the fallback timer; a requested pacing paces the polls.
 
 use std::time::Duration;
 
@@ -154,4 +154,48 @@ async fn a_wait_cancelled_mid_statement_leaves_no_lock() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// The pacing a caller asks for (`Locker::with_retry`) paces a waiter's
+/// polls: over the same wait for a lock that stays held, a fast pacing
+/// sends many more statements than a slow one. On a MariaDB server of its
+/// own, so the server's statement count is this test's alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiters_polls_follow_the_requested_pacing() {
+    let server = tokio::task::spawn_blocking(testkit::MariaDbServer::start)
+        .await
+        .unwrap()
+        .expect("start MariaDB");
+    let url = format!("{}?table={}", server.url(), unique("locks"));
+    let questions = "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
+                     WHERE VARIABLE_NAME = 'QUESTIONS'";
+    let holder = Locker::new(backend_sql::SqlBackend::connect(&url).await.unwrap());
+    let name = unique("paced");
+    let held = holder.lock(&name).acquire().await.unwrap();
+    let mut statements = Vec::new();
+    for pace in [Duration::from_millis(20), Duration::from_millis(500)] {
+        let waiter = Locker::new(backend_sql::SqlBackend::connect(&url).await.unwrap())
+            .with_retry(lock_core::wait::Backoff::new(pace, pace).unwrap());
+        let before: u64 = common::fetch_text(&server.url(), questions)
+            .await
+            .parse()
+            .unwrap();
+        let r = waiter
+            .lock(&name)
+            .wait(Duration::from_millis(1500))
+            .acquire()
+            .await;
+        assert!(r.is_err(), "acquired a held lock");
+        let after: u64 = common::fetch_text(&server.url(), questions)
+            .await
+            .parse()
+            .unwrap();
+        statements.push(after - before);
+    }
+    let (fast, slow) = (statements[0], statements[1]);
+    assert!(
+        fast >= 20 && fast > slow * 4,
+        "{fast} statements at a 20 ms pacing, {slow} at 500 ms"
+    );
+    held.release().await.unwrap();
 }
