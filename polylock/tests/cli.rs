@@ -205,6 +205,35 @@ fn sigterm_is_forwarded_and_the_lock_released() {
     );
 }
 
+/// A `--ttl` or `--wait` above the maximum is a usage error said before
+/// connecting: the lock service here refuses connections, which would
+/// be exit 69 (unavailable) had polylock tried.
+#[test]
+fn a_ttl_or_wait_above_the_maximum_is_refused_before_connecting() {
+    let dir = tempfile::tempdir().unwrap();
+    let unreachable = "redis://127.0.0.1:1";
+    let out = run_ok(polylock(dir.path()).args(["--url", unreachable, "run", "x", "--", "true"]));
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    for (flag, what) in [("--ttl", "invalid TTL"), ("--wait", "invalid wait")] {
+        let out = run_ok(polylock(dir.path()).args([
+            "--url",
+            unreachable,
+            "run",
+            flag,
+            "99999999",
+            "x",
+            "--",
+            "true",
+        ]));
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{flag}: {err}");
+        assert!(
+            err.contains(what) && err.contains("the maximum is"),
+            "{flag}: {err}"
+        );
+    }
+}
+
 #[test]
 fn bad_input_is_a_usage_error_without_secrets() {
     let dir = tempfile::tempdir().unwrap();
