@@ -100,6 +100,7 @@
 mod config;
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -181,36 +182,63 @@ const BATCH_SHARE_OF_TTL: u32 = 10;
 /// One node: its `redis://` configuration and a command connection made on
 /// first use, so a node that is down when the client starts joins later.
 struct Node {
-    config: RedisConfig,
-    link: OnceCell<Link>,
+    config: Arc<RedisConfig>,
+    link: Arc<OnceCell<Link>>,
+    /// A connect is under way in a task of its own (see [`Node::link`]).
+    connecting: Arc<AtomicBool>,
 }
 
 impl Node {
     fn addr(&self) -> String {
-        let n = &self.config.nodes[0];
-        if n.host.contains(':') {
-            format!("[{}]:{}", n.host, n.port)
-        } else {
-            format!("{}:{}", n.host, n.port)
+        node_addr(&self.config)
+    }
+
+    fn new(config: RedisConfig) -> Node {
+        Node {
+            config: Arc::new(config),
+            link: Arc::new(OnceCell::new()),
+            connecting: Arc::new(AtomicBool::new(false)),
         }
     }
 
+    /// The node's connection, connecting (handshake, `PING`, script loads)
+    /// if there is none yet.
+    ///
+    /// A connect takes several round trips, each bounded by the node
+    /// timeout, while a request waits for one node at most one timeout: on
+    /// a slow link (a node in another region) a connect bounded by the
+    /// request would be cut off every time and the node never join. So the
+    /// first request to find no connection also starts one in a task of its
+    /// own, which runs to its end; the request waits for it as long as its
+    /// own limit allows, and a later request finds the connection made.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the background connect goes on, and a connect the
+    /// caller itself was running is taken up by the next caller.
     async fn link(&self) -> Result<&Link, Fail> {
+        if let Some(link) = self.link.get() {
+            return Ok(link);
+        }
+        if tokio::runtime::Handle::try_current().is_ok()
+            && !self.connecting.swap(true, Ordering::AcqRel)
+        {
+            let (cell, config, connecting) = (
+                Arc::clone(&self.link),
+                Arc::clone(&self.config),
+                Arc::clone(&self.connecting),
+            );
+            tokio::spawn(async move {
+                if let Err(fail) = cell.get_or_try_init(|| connect_node(&config)).await {
+                    tracing::debug!(
+                        "polylock redlock: connecting to a node failed: {}",
+                        describe(&config, &fail)
+                    );
+                }
+                connecting.store(false, Ordering::Release);
+            });
+        }
         self.link
-            .get_or_try_init(|| async {
-                let link = Link::connect(&self.config).await?;
-                let mut scripts: Vec<&Script> = vec![&RAISE_FENCE, &UNDO, &FORCE_RELEASE];
-                let plain = plain_layout(String::new()).scripts();
-                scripts.extend([
-                    &plain.acquire,
-                    &plain.release,
-                    &plain.renew,
-                    &plain.renew_many,
-                    &plain.inspect,
-                ]);
-                link.load_scripts(&scripts).await?;
-                Ok(link)
-            })
+            .get_or_try_init(|| connect_node(&self.config))
             .await
     }
 
@@ -232,10 +260,43 @@ impl Node {
     }
 
     fn describe(&self, fail: &Fail) -> String {
-        match fail {
-            Fail::Timeout(d) => format!("{}: no reply within {d:?}", self.addr()),
-            Fail::Redis(e) => self.config.scrub(format!("{}: {e}", self.addr())),
-        }
+        describe(&self.config, fail)
+    }
+}
+
+/// A command connection to the node of `config`, with every script of
+/// Redlock loaded.
+async fn connect_node(config: &RedisConfig) -> Result<Link, Fail> {
+    let link = Link::connect(config).await?;
+    let mut scripts: Vec<&Script> = vec![&RAISE_FENCE, &UNDO, &FORCE_RELEASE];
+    let plain = plain_layout(String::new()).scripts();
+    scripts.extend([
+        &plain.acquire,
+        &plain.release,
+        &plain.renew,
+        &plain.renew_many,
+        &plain.inspect,
+    ]);
+    link.load_scripts(&scripts).await?;
+    Ok(link)
+}
+
+/// The address of the node of `config`, as `host:port`.
+fn node_addr(config: &RedisConfig) -> String {
+    let n = &config.nodes[0];
+    if n.host.contains(':') {
+        format!("[{}]:{}", n.host, n.port)
+    } else {
+        format!("{}:{}", n.host, n.port)
+    }
+}
+
+/// `fail` on the node of `config`, its address first, without secrets.
+fn describe(config: &RedisConfig, fail: &Fail) -> String {
+    let addr = node_addr(config);
+    match fail {
+        Fail::Timeout(d) => format!("{addr}: no reply within {d:?}"),
+        Fail::Redis(e) => config.scrub(format!("{addr}: {e}")),
     }
 }
 
@@ -393,14 +454,7 @@ impl RedlockBackend {
     /// # Cancel safety
     /// Cancel safe: a dropped connect leaves nothing behind.
     pub async fn connect_with(config: RedlockConfig) -> Result<RedlockBackend, LockError> {
-        let nodes: Vec<Node> = config
-            .nodes
-            .iter()
-            .map(|c| Node {
-                config: c.clone(),
-                link: OnceCell::new(),
-            })
-            .collect();
+        let nodes: Vec<Node> = config.nodes.iter().map(|c| Node::new(c.clone())).collect();
         // Connecting costs a handshake and the script loads: more than one
         // request's timeout.
         let limit = config.timeout * 4;

@@ -1168,3 +1168,42 @@ async fn a_waiters_attempts_follow_the_requested_pacing() {
     );
     holder.release(&lease).await.unwrap();
 }
+
+/// A node down when the client connected joins later over a link too slow
+/// to connect within one request's timeout (a connect is a handshake, a
+/// `PING` and the script loads, each a round trip): the connect goes on in
+/// the background past the request that started it, and later requests
+/// use the node. Cut off with each request, it never joined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_behind_a_slow_link_joins_after_the_client_started() {
+    let servers = RedisServer::start_independent(3, &[]).expect("start three redis-servers");
+    let proxy = Proxy::start(servers[2].addr()).expect("proxy");
+    proxy.set_mode(Mode::Blackhole);
+    let url = format!(
+        "redlock://{},{},{}?timeout=100ms",
+        servers[0].addr(),
+        servers[1].addr(),
+        proxy.addr()
+    );
+    let c = RedlockBackend::connect(&url)
+        .await
+        .expect("a majority answers");
+    // 40 ms each way: one request (80 ms) fits the timeout, a connect
+    // (ten round trips and more) does not.
+    proxy.set_mode(Mode::Delay(Duration::from_millis(40)));
+    let n = name("slow-node");
+    let key = c.keys(&n).unwrap().lock;
+    let until = Instant::now() + Duration::from_secs(15);
+    let mut joined = false;
+    while !joined && Instant::now() < until {
+        let lease = c
+            .try_acquire(&req(&n, Duration::from_secs(10)))
+            .await
+            .unwrap()
+            .expect("the lock is free");
+        joined = value_on(&servers[2], &key).await.is_some();
+        c.release(&lease).await.unwrap();
+        sleep(Duration::from_millis(200)).await;
+    }
+    assert!(joined, "the node behind the slow link never held the lock");
+}
