@@ -10,7 +10,7 @@ use common::{
     acquire_free, backend, eventually, locker_on, name, numsub, pubsub_clients, raw, server,
     spawn_timed_acquire, wait_req,
 };
-use lock_core::{LockBackend, LockGuard, Locker};
+use lock_core::{AcquireRequest, LockBackend, LockGuard, Locker, OwnerToken};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 
@@ -213,40 +213,72 @@ async fn a_wait_cancelled_mid_retry_leaves_no_lock() {
     }
 }
 
-async fn cancel_mid_retry(query: &str) {
-    use testkit::{Mode, Proxy};
-    let srv = server();
-    let proxy = Proxy::start(srv.addr()).expect("proxy");
-    let holder = backend(&format!("{}{query}", srv.url())).await;
-    let waiter = backend(&format!("redis://{}{query}", proxy.addr())).await;
-    let ttl = Duration::from_secs(30);
-    let link = Duration::from_millis(300);
-    let mut cut_mid_retry = 0;
-    for round in 0..4 {
-        proxy.set_mode(Mode::Pass);
-        let n = name(&format!("cut-{round}"));
-        let lease = acquire_free(&holder, &n, ttl).await;
+/// A waiter through a slow link (`LINK` each way) and a holder with a
+/// direct connection, on one server.
+struct SlowWaiter {
+    _srv: testkit::RedisServer,
+    proxy: testkit::Proxy,
+    holder: std::sync::Arc<backend_redis::RedisBackend>,
+    waiter: std::sync::Arc<backend_redis::RedisBackend>,
+}
+
+const LINK: Duration = Duration::from_millis(300);
+const TTL: Duration = Duration::from_secs(30);
+
+impl SlowWaiter {
+    async fn start(query: &str) -> SlowWaiter {
+        let srv = server();
+        let proxy = testkit::Proxy::start(srv.addr()).expect("proxy");
+        let holder = backend(&format!("{}{query}", srv.url())).await;
+        let waiter = backend(&format!("redis://{}{query}", proxy.addr())).await;
+        SlowWaiter {
+            _srv: srv,
+            proxy,
+            holder,
+            waiter,
+        }
+    }
+
+    /// The holder takes `req`'s lock, the waiter waits for it with `req`,
+    /// the holder releases, and the wait is cancelled while the waiter's
+    /// retry is on the wire. `false` when a timer retry won before the
+    /// cancel (released again): not the case under test.
+    async fn cancel_a_retry_on_the_wire(&self, req: AcquireRequest) -> bool {
+        use testkit::Mode;
+        self.proxy.set_mode(Mode::Pass);
+        let lease = acquire_free(&self.holder, &req.name, TTL).await;
         let task = tokio::spawn({
-            let (waiter, req) = (waiter.clone(), wait_req(&n, ttl, ttl));
+            let waiter = self.waiter.clone();
             async move { waiter.acquire(&req).await }
         });
         sleep(Duration::from_millis(300)).await;
-        proxy.set_mode(Mode::Delay(link));
-        sleep(link * 2).await;
-        holder.release(&lease).await.unwrap();
+        self.proxy.set_mode(Mode::Delay(LINK));
+        sleep(LINK * 2).await;
+        self.holder.release(&lease).await.unwrap();
         // The release message reaches the waiter after one link delay; its
         // retry is then on the wire for another.
-        sleep(link + link / 2).await;
+        sleep(LINK + LINK / 2).await;
         if task.is_finished() {
-            // A timer retry won before the cancel: not the case under test.
             let won = task.await.unwrap().unwrap().expect("a lease");
-            waiter.release(&won).await.unwrap();
-            continue;
+            self.waiter.release(&won).await.unwrap();
+            return false;
         }
         task.abort();
         assert!(task.await.is_err_and(|e| e.is_cancelled()));
-        if eventually(link * 4, || async {
-            holder.inspect(&n).await.unwrap().is_some()
+        true
+    }
+}
+
+async fn cancel_mid_retry(query: &str) {
+    let s = SlowWaiter::start(query).await;
+    let mut cut_mid_retry = 0;
+    for round in 0..4 {
+        let n = name(&format!("cut-{round}"));
+        if !s.cancel_a_retry_on_the_wire(wait_req(&n, TTL, TTL)).await {
+            continue;
+        }
+        if eventually(LINK * 4, || async {
+            s.holder.inspect(&n).await.unwrap().is_some()
         })
         .await
         {
@@ -254,7 +286,7 @@ async fn cancel_mid_retry(query: &str) {
         }
         assert!(
             eventually(Duration::from_secs(5), || async {
-                holder.inspect(&n).await.unwrap().is_none()
+                s.holder.inspect(&n).await.unwrap().is_none()
             })
             .await,
             "{query:?} round {round}: the cancelled waiter's retry took the lock and nobody released it"
@@ -279,40 +311,19 @@ async fn an_owners_next_acquire_waits_for_its_cancelled_retrys_cleanup() {
 }
 
 async fn next_acquire_after_cancelled_retry(query: &str) {
-    use lock_core::{AcquireRequest, OwnerToken};
-    use testkit::{Mode, Proxy};
-    let srv = server();
-    let proxy = Proxy::start(srv.addr()).expect("proxy");
-    let holder = backend(&format!("{}{query}", srv.url())).await;
-    let waiter = backend(&format!("redis://{}{query}", proxy.addr())).await;
-    let ttl = Duration::from_secs(30);
-    let link = Duration::from_millis(300);
+    let s = SlowWaiter::start(query).await;
     let mut cut_mid_retry = 0;
     for round in 0..3 {
-        proxy.set_mode(Mode::Pass);
         let n = name(&format!("again-{round}"));
         let owner = OwnerToken::random();
-        let lease = acquire_free(&holder, &n, ttl).await;
-        let task = tokio::spawn({
-            let waiter = waiter.clone();
-            let req = AcquireRequest::new(n.clone(), owner, ttl, ttl).unwrap();
-            async move { waiter.acquire(&req).await }
-        });
-        sleep(Duration::from_millis(300)).await;
-        proxy.set_mode(Mode::Delay(link));
-        sleep(link * 2).await;
-        holder.release(&lease).await.unwrap();
-        sleep(link + link / 2).await;
-        if task.is_finished() {
-            let won = task.await.unwrap().unwrap().expect("a lease");
-            waiter.release(&won).await.unwrap();
+        let waiting = AcquireRequest::new(n.clone(), owner, TTL, TTL).unwrap();
+        if !s.cancel_a_retry_on_the_wire(waiting).await {
             continue;
         }
-        task.abort();
-        assert!(task.await.is_err_and(|e| e.is_cancelled()));
         cut_mid_retry += 1;
-        let again = AcquireRequest::new(n.clone(), owner, ttl, Duration::ZERO).unwrap();
-        let mine = waiter
+        let again = AcquireRequest::new(n.clone(), owner, TTL, Duration::ZERO).unwrap();
+        let mine = s
+            .waiter
             .try_acquire(&again)
             .await
             .unwrap()
@@ -320,15 +331,15 @@ async fn next_acquire_after_cancelled_retry(query: &str) {
                 panic!("{query:?} round {round}: the lock was not freed for the owner")
             });
         // Whatever the cancelled retry left to run has run by now.
-        sleep(link * 4).await;
-        let seen = holder.inspect(&n).await.unwrap();
+        sleep(LINK * 4).await;
+        let seen = s.holder.inspect(&n).await.unwrap();
         assert_eq!(
             seen.as_ref().and_then(|h| h.fence),
             Some(mine.fence()),
             "{query:?} round {round}: the owner's new lock is gone (holder {seen:?}); the cancelled retry's cleanup freed it"
         );
-        proxy.set_mode(Mode::Pass);
-        waiter.release(&mine).await.unwrap();
+        s.proxy.set_mode(testkit::Mode::Pass);
+        s.waiter.release(&mine).await.unwrap();
     }
     assert!(
         cut_mid_retry > 0,
