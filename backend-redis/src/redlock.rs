@@ -21,7 +21,7 @@
 //! hash with the node's fencing counter. So node-redlock 5 over the same nodes and name
 //! excludes with polylock and polylock with it (`tests/redlock.rs`); on
 //! each node the key and value are the ones the `plain` format shares with
-//! redis-py, redsync and `SET NX PX` scripts (`tests/peers.rs`). Two scripts are Redlock's own: one raises a node's
+//! redis-py and `SET NX PX` scripts (`tests/peers.rs`). Two scripts are Redlock's own: one raises a node's
 //! counter to the lease's token (`scripts/redlock_raise_fence.lua`), one
 //! undoes a failed attempt (`scripts/redlock_undo.lua`).
 //!

@@ -33,6 +33,21 @@ fn expiry_slack(ttl: Duration) -> Duration {
     ttl.max(Duration::from_secs(5))
 }
 
+/// Whether the holder kept its lock through the fault: no lost signal, and
+/// its release afterwards succeeded.
+fn kept_lock(obs: &Observation) -> bool {
+    obs.fault_to_lost_ms.is_none() && obs.release.as_deref() == Some("ok")
+}
+
+fn kept_detail(obs: &Observation) -> String {
+    format!(
+        "lost signal {}, release reported {}",
+        obs.fault_to_lost_ms
+            .map_or_else(|| "never".to_owned(), |t| format!("after {t} ms")),
+        obs.release.as_deref().unwrap_or("nothing"),
+    )
+}
+
 fn grant_detail(obs: &Observation) -> String {
     obs.fault_to_grant_ms.map_or_else(
         || "no next grant".to_owned(),
@@ -177,12 +192,10 @@ pub fn check(
             let judged = u128::from(down) < ttl.as_millis() * 2 / 3;
             push(
                 "survives server restart: the holder keeps its lock".into(),
-                obs.fault_to_lost_ms.is_none() && obs.release.as_deref() == Some("ok"),
+                kept_lock(obs),
                 format!(
-                    "server down {down} ms; lost signal {}, release reported {}{}",
-                    obs.fault_to_lost_ms
-                        .map_or_else(|| "never".to_owned(), |t| format!("after {t} ms")),
-                    obs.release.as_deref().unwrap_or("nothing"),
+                    "server down {down} ms; {}{}",
+                    kept_detail(obs),
                     if judged {
                         ""
                     } else {
@@ -206,6 +219,14 @@ pub fn check(
                 obs.overlaps == 0,
                 format!("{} overlaps", obs.overlaps),
             );
+            // The leader goes first where the group names one: a failover.
+            if g.survives_failover {
+                push(
+                    "survives failover: the holder keeps its lock".into(),
+                    kept_lock(obs),
+                    kept_detail(obs),
+                );
+            }
         }
         Kind::ServerPause => {
             push(
@@ -267,6 +288,13 @@ pub fn check(
                 obs.overlaps == 0,
                 format!("{} overlaps", obs.overlaps),
             );
+            if g.survives_failover {
+                push(
+                    "survives failover: the holder keeps its lock when a follower goes".into(),
+                    kept_lock(obs),
+                    kept_detail(obs),
+                );
+            }
         }
         Kind::FenceEvicted => {
             // Checked whatever the fencing check above skipped: the
@@ -281,18 +309,40 @@ pub fn check(
                 ),
             );
         }
-        // Asynchronous replication is declared to lose what the replica
-        // had not received: the cell shows it, no claim covers it.
+        Kind::Failover if g.survives_failover => {
+            push(
+                "survives failover: no overlapping holders".into(),
+                obs.overlaps == 0,
+                format!("{} overlaps", obs.overlaps),
+            );
+            push(
+                "survives failover: the holder keeps its lock".into(),
+                kept_lock(obs),
+                kept_detail(obs),
+            );
+        }
+        // Declared not to survive (asynchronous replication loses what the
+        // replica had not received): the cell shows what happened.
         Kind::Failover => {}
         Kind::ForcedRelease => {
             push(
                 "after a forced release the old holder's writes are fenced off".into(),
                 obs.stale_accepted == 0,
                 format!(
-                    "{} stale accepted, {} rejected",
-                    obs.stale_accepted, obs.stale_rejected
+                    "{} stale accepted, {} rejected{}",
+                    obs.stale_accepted,
+                    obs.stale_rejected,
+                    if obs.stale_rejected + obs.stale_accepted == 0 {
+                        "; not judged: the old holder wrote nothing after the next grant"
+                    } else {
+                        ""
+                    }
                 ),
             );
+            // Only a late write of the old holder shows the fence at work.
+            if obs.stale_rejected + obs.stale_accepted == 0 {
+                unjudged.push("after a forced release the old holder's writes are fenced off");
+            }
         }
     }
     for c in &mut checks {
@@ -543,5 +593,66 @@ mod tests {
             c.judged && !c.ok,
             "a hand-over without a rejected late write contradicts: {c:?}"
         );
+    }
+
+    #[test]
+    fn a_holder_that_loses_its_lock_to_a_leader_loss_contradicts_a_declared_failover() {
+        let minority = SCENARIOS
+            .iter()
+            .find(|s| s.kind == Kind::MinorityLoss)
+            .unwrap();
+        let lost = Observation {
+            fault_to_lost_ms: Some(1_900),
+            release: Some("lost".into()),
+            lost_before_release: true,
+            ..Observation::default()
+        };
+        let kept = Observation {
+            release: Some("ok".into()),
+            ..Observation::default()
+        };
+        let ttl = Duration::from_secs(2);
+        let mut g = strict();
+        g.survives_failover = true;
+        let checks = check("x", &g, minority, &lost, ttl);
+        assert!(
+            checks
+                .iter()
+                .any(|c| c.judged && !c.ok && c.claim.starts_with("survives failover")),
+            "{checks:?}"
+        );
+        assert!(check("x", &g, minority, &kept, ttl).iter().all(|c| c.ok));
+        // Not declared: nothing claims the lock is kept.
+        let checks = check("x", &strict(), minority, &lost, ttl);
+        assert!(
+            checks
+                .iter()
+                .all(|c| !c.claim.starts_with("survives failover")),
+            "{checks:?}"
+        );
+    }
+
+    #[test]
+    fn a_forced_release_without_a_late_write_is_not_judged() {
+        let forced = SCENARIOS
+            .iter()
+            .find(|s| s.kind == Kind::ForcedRelease)
+            .unwrap();
+        let fenced = |c: &&Check| c.claim.starts_with("after a forced release");
+        let quiet = check(
+            "x",
+            &strict(),
+            forced,
+            &Observation::default(),
+            Duration::from_secs(2),
+        );
+        assert!(!quiet.iter().find(fenced).unwrap().judged, "{quiet:?}");
+        let rejected = Observation {
+            stale_rejected: 1,
+            ..Observation::default()
+        };
+        let seen = check("x", &strict(), forced, &rejected, Duration::from_secs(2));
+        let c = seen.iter().find(fenced).unwrap();
+        assert!(c.judged && c.ok, "{c:?}");
     }
 }

@@ -234,14 +234,14 @@ impl Scenario {
     }
 
     /// Whether the fault may lose the lock service's data as the backend
-    /// declares it (a restart of a backend that does not survive one), so
-    /// that fencing is only claimed "unless data is lost".
+    /// declares it (a restart or failover of a backend that does not
+    /// survive one), so that fencing is only claimed "unless data is lost".
     pub fn may_lose_data(&self, g: &Guarantees) -> bool {
         match self.kind {
             Kind::ServerRestart | Kind::MajorityRestart => !g.survives_restart,
-            // Asynchronous replication: what the replica had not received
-            // is gone once it is promoted.
-            Kind::Failover => true,
+            // A backend that does not survive a failover (asynchronous
+            // replication) loses what the replica had not received.
+            Kind::Failover => !g.survives_failover,
             _ => false,
         }
     }
