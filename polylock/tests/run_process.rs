@@ -23,17 +23,26 @@ fn sigkill_of_polylock_kills_the_command() {
             "--",
             "sh",
             "-c",
-            "echo $$ > pid; while true; do sleep 0.1; done",
+            "sleep 60 & echo $! > child; echo $$ > pid; while true; do sleep 0.1; done",
         ])
         .spawn()
         .unwrap();
     let pid = read_pid(&dir.path().join("pid"));
+    let child = read_pid(&dir.path().join("child"));
     assert!(alive(pid));
     kill(Pid::from_raw(run.id() as i32), Signal::SIGKILL).unwrap();
     run.wait().unwrap();
     assert!(
         eventually(Duration::from_secs(10), || !alive(pid)),
         "the command outlived polylock"
+    );
+    // What the README says COMMAND must see to itself: a process it started
+    // in the background is not killed with it.
+    let orphan_lives = alive(child);
+    let _ = kill(child, Signal::SIGKILL);
+    assert!(
+        orphan_lives,
+        "the command's own child died with it: the README's caveat is out of date"
     );
 }
 
