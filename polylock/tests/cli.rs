@@ -271,6 +271,10 @@ fn bad_input_is_a_usage_error_without_secrets() {
     );
     let out = run_ok(polylock(dir.path()).args(["run", "x", "--", "/nonexistent/cmd"]));
     assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    // A file that exists but cannot be executed: 126, as a shell says it.
+    std::fs::write(dir.path().join("not-executable"), "#!/bin/sh\n").unwrap();
+    let out = run_ok(polylock(dir.path()).args(["run", "x", "--", "./not-executable"]));
+    assert_eq!(out.status.code(), Some(126), "{}", text(&out.stderr));
     let out = run_ok(polylock(dir.path()).args(["status", ""]));
     assert_eq!(out.status.code(), Some(64));
     assert!(

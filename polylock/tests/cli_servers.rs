@@ -257,3 +257,23 @@ fn a_renewal_that_recovers_after_sigterm_is_not_called_a_refusal() {
     assert!(err.contains("did not exit by the deadline"), "{err}");
     assert!(!err.contains("refused"), "{err}");
 }
+
+/// A TTL above polylock's own floor but below what the backend can grant
+/// (etcd: 2 s) is a usage error naming the backend's floor, and COMMAND
+/// does not run.
+#[test]
+fn a_ttl_below_the_backends_minimum_names_the_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, url) = etcd();
+    let out = output(
+        polylock(dir.path(), Some(&url))
+            .args(["run", "--ttl", "1500ms", "short", "--", "touch", "ran"]),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(
+        err.contains("etcd cannot grant less than 2s"),
+        "the message names the backend's floor: {err}"
+    );
+    assert!(!dir.path().join("ran").exists(), "COMMAND ran");
+}

@@ -334,4 +334,56 @@ mod tests {
         let e = select_scenarios(&["nosuch".into()], false).unwrap_err();
         assert!(e.contains("unknown scenario \"nosuch\""), "{e}");
     }
+
+    /// What makes `polylock-compare` exit 1: a judged claim contradicted,
+    /// or a scenario that did not complete; a claim the run could not
+    /// judge does not.
+    #[test]
+    fn errors_are_the_contradicted_judged_claims_and_the_failed_runs() {
+        let scenario = SCENARIOS[0].clone();
+        let check = |ok: bool, judged: bool| Check {
+            backend: "x",
+            scenario: scenario.id,
+            claim: format!("claim ok={ok} judged={judged}"),
+            ok,
+            judged,
+            detail: String::new(),
+        };
+        let cell = |outcome: Outcome, checks: Vec<Check>| Cell {
+            backend: "x",
+            scenario: scenario.clone(),
+            outcome,
+            events: Vec::new(),
+            checks,
+            elapsed: Duration::ZERO,
+            deployment: None,
+        };
+        let report = |cells: Vec<Cell>| Report {
+            quick: true,
+            backends: Vec::new(),
+            scenarios: vec![scenario.clone()],
+            cells,
+            elapsed: Duration::ZERO,
+        };
+        let fine = report(vec![cell(
+            Outcome::NotApplicable("n/a".into()),
+            vec![check(true, true), check(false, false)],
+        )]);
+        assert!(fine.errors().is_empty(), "{:?}", fine.errors());
+        let contradicted = report(vec![cell(
+            Outcome::NotApplicable("n/a".into()),
+            vec![check(true, true), check(false, true)],
+        )]);
+        let e = contradicted.errors();
+        assert!(
+            e.len() == 1 && e[0].contains("claim contradicted: claim ok=false judged=true"),
+            "{e:?}"
+        );
+        let failed = report(vec![cell(Outcome::Failed("timed out".into()), Vec::new())]);
+        let e = failed.errors();
+        assert!(
+            e.len() == 1 && e[0].contains("did not complete: timed out"),
+            "{e:?}"
+        );
+    }
 }
