@@ -340,7 +340,7 @@ mod tests {
     /// judge does not.
     #[test]
     fn errors_are_the_contradicted_judged_claims_and_the_failed_runs() {
-        let scenario = SCENARIOS[0].clone();
+        let scenario = SCENARIOS[0];
         let check = |ok: bool, judged: bool| Check {
             backend: "x",
             scenario: scenario.id,
@@ -351,7 +351,7 @@ mod tests {
         };
         let cell = |outcome: Outcome, checks: Vec<Check>| Cell {
             backend: "x",
-            scenario: scenario.clone(),
+            scenario: scenario,
             outcome,
             events: Vec::new(),
             checks,
@@ -361,7 +361,7 @@ mod tests {
         let report = |cells: Vec<Cell>| Report {
             quick: true,
             backends: Vec::new(),
-            scenarios: vec![scenario.clone()],
+            scenarios: vec![scenario],
             cells,
             elapsed: Duration::ZERO,
         };
