@@ -351,7 +351,7 @@ mod tests {
         };
         let cell = |outcome: Outcome, checks: Vec<Check>| Cell {
             backend: "x",
-            scenario: scenario,
+            scenario,
             outcome,
             events: Vec::new(),
             checks,
