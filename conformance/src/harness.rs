@@ -155,13 +155,18 @@ pub fn run_every_case(fixture: Arc<dyn Fixture>) -> Vec<CaseOutcome> {
 }
 
 /// Runs every case that applies to `fixture` ([`run_every_case`]) and
-/// panics with every failure unless all of at least `at_least` cases
+/// panics with every failure unless exactly `expected` cases ran and all
 /// passed: the whole suite as one test of a fixture built inside a test.
-pub fn assert_every_case_passes(fixture: Arc<dyn Fixture>, at_least: usize) {
+/// The count is the caller's statement of what its fixture's guarantees
+/// select, so a guarantee that quietly turns off (and with it the FIFO,
+/// wake-up, restart or list cases) fails the test.
+pub fn assert_every_case_passes(fixture: Arc<dyn Fixture>, expected: usize) {
     let outcomes = run_every_case(fixture);
-    assert!(
-        outcomes.len() >= at_least,
-        "only {} cases ran",
+    let names: Vec<&str> = outcomes.iter().map(|(name, _)| *name).collect();
+    assert_eq!(
+        outcomes.len(),
+        expected,
+        "{} cases ran, {expected} expected: {names:?}",
         outcomes.len()
     );
     let failed: Vec<_> = outcomes
