@@ -170,11 +170,18 @@ fn nonblock_conflict_exit_code_and_shell_command_work_like_flock() {
 fn hold_works_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     hold_until_stdin_closes(dir.path(), None);
-    // And until interrupted.
-    let (mut holder, _) = start_hold(dir.path(), None, "h2");
-    kill(Pid::from_raw(holder.id() as i32), Signal::SIGINT).unwrap();
-    assert!(holder.wait().unwrap().success());
-    assert_eq!(status_code(dir.path(), None, "h2"), Some(1));
+    // And until interrupted, terminated or hung up (README): released.
+    for (i, signal) in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP]
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("h{}", i + 2);
+        let (mut holder, _) = start_hold(dir.path(), None, &name);
+        assert_eq!(status_code(dir.path(), None, &name), Some(0));
+        kill(Pid::from_raw(holder.id() as i32), signal).unwrap();
+        assert!(holder.wait().unwrap().success(), "{signal}");
+        assert_eq!(status_code(dir.path(), None, &name), Some(1), "{signal}");
+    }
 }
 
 #[test]
