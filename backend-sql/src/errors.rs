@@ -288,6 +288,36 @@ fn sqlite_retryable(extended: i32) -> bool {
 mod tests {
     use super::*;
 
+    /// Every code docs/sql.md ("Errors") calls retryable is, and its
+    /// neighbours the page leaves out are not.
+    #[test]
+    fn the_documented_codes_are_retryable() {
+        for code in [
+            "08000", "08003", "08006", "53000", "53300", "40001", "40P01", "55P03", "57014",
+            "57P01", "57P02", "57P03", "57P05",
+        ] {
+            assert!(pg_retryable(code), "PostgreSQL {code}");
+        }
+        for code in ["57P04", "40002", "55000", "23505"] {
+            assert!(!pg_retryable(code), "PostgreSQL {code}");
+        }
+        for n in [
+            1040, 1053, 1205, 1213, 1158, 1159, 1160, 1161, 1927, 2002, 2003, 2006, 2013, 4031,
+        ] {
+            assert!(mysql_retryable(n), "MySQL {n}");
+        }
+        for n in [1157, 1162, 1062, 1146] {
+            assert!(!mysql_retryable(n), "MySQL {n}");
+        }
+        // SQLITE_BUSY, SQLITE_LOCKED, SQLITE_PROTOCOL and their extended codes.
+        for code in [5, 6, 15, 261, 517, 262] {
+            assert!(sqlite_retryable(code), "SQLite {code}");
+        }
+        for code in [1, 8, 11, 19] {
+            assert!(!sqlite_retryable(code), "SQLite {code}");
+        }
+    }
+
     #[test]
     fn classification() {
         assert!(pg_retryable("08006"));
