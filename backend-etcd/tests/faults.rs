@@ -107,7 +107,9 @@ async fn a_killed_leader_never_yields_two_holders() {
     let url = url_of(&endpoints);
     let (a_backend, a) = client(&url).await;
     let (b_backend, b) = client(&url).await;
-    let ttl = Duration::from_secs(4);
+    // Long enough that an election (about a second or two here) fits in
+    // the two thirds of the lease left after any renewal.
+    let ttl = Duration::from_secs(8);
     let lock = name("leader");
     let data = format!("{lock}-register");
     let guard = hold(&a, &lock, ttl).await;

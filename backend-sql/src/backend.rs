@@ -1425,6 +1425,36 @@ mod tests {
         assert_eq!(upkeep_size(100), 4);
     }
 
+    /// docs/sql.md: every SQLite connection of a client runs in WAL mode
+    /// with `synchronous=FULL`, which the strict fencing of SQLite rests on
+    /// (a committed version survives a power loss).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_connections_are_wal_and_synchronous_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+        let backend = SqlBackend::connect(&url).await.unwrap();
+        let Pools::Sqlite(pool) = backend.pools() else {
+            panic!("not a SQLite pool");
+        };
+        // Every connection the pool holds at once, not just the first.
+        let mut held = Vec::new();
+        for _ in 0..pool.size().max(1) {
+            held.push(pool.acquire().await.unwrap());
+        }
+        for conn in &mut held {
+            let (mode,): (String,) = sqlx::query_as("PRAGMA journal_mode")
+                .fetch_one(&mut **conn)
+                .await
+                .unwrap();
+            let (sync,): (i64,) = sqlx::query_as("PRAGMA synchronous")
+                .fetch_one(&mut **conn)
+                .await
+                .unwrap();
+            assert_eq!(mode, "wal");
+            assert_eq!(sync, 2, "synchronous=FULL is 2");
+        }
+    }
+
     fn request(name: &str) -> AcquireRequest {
         AcquireRequest::new(
             LockName::new(name).unwrap(),
