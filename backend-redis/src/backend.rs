@@ -875,7 +875,10 @@ impl RedisBackend {
                 let (this, req) = (self.clone(), req.clone());
                 let undo = {
                     let this = self.clone();
-                    move |(answer, _turn): (Attempt, Turn)| async move {
+                    move |(answer, turn): (Attempt, Turn)| async move {
+                        // Named in the block, so the block owns it: the
+                        // turn ends when the undo is done, not before.
+                        let _turn = turn;
                         if let Attempt::Acquired(lease) = answer {
                             lock_core::wait::undo_grant(&this, &lease).await;
                         }
