@@ -66,6 +66,30 @@ pub fn try_free_port() -> Result<u16> {
     ))
 }
 
+/// Runs `start` (which draws its own ports) again, up to three times in
+/// all, when the server it started lost its port to another process
+/// between the probe and its own bind: ports are only kept apart within
+/// one process, and test binaries that start servers run side by side with
+/// the servers their child processes start (seen in CI, a redis-server
+/// aborting with "Address already in use").
+pub(crate) fn on_fresh_ports<T>(mut start: impl FnMut() -> Result<T>) -> Result<T> {
+    const TRIES: usize = 3;
+    let mut tries = 1;
+    loop {
+        match start() {
+            Err(Error::ExitedEarly { ref log, .. }) if tries < TRIES && lost_its_port(log) => {
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Whether a server's log says another process had its port.
+fn lost_its_port(log: &str) -> bool {
+    log.to_ascii_lowercase().contains("already in use")
+}
+
 fn can_bind(port: u16) -> bool {
     TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
 }
@@ -85,6 +109,39 @@ fn below_ephemeral_range() -> Option<(u16, u16)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A start whose server lost its port is tried again, a few times;
+    /// any other failure, and success, are returned as they are.
+    #[test]
+    fn a_server_that_lost_its_port_is_started_again() {
+        let lost = || Error::ExitedEarly {
+            what: "x".into(),
+            status: std::process::ExitStatus::default(),
+            log: "\nbind: Address already in use".into(),
+        };
+        let mut calls = 0;
+        let r = on_fresh_ports(|| {
+            calls += 1;
+            if calls < 3 {
+                Err(lost())
+            } else {
+                Ok(calls)
+            }
+        });
+        assert_eq!(r.unwrap(), 3);
+        let mut calls = 0;
+        let r: Result<()> = on_fresh_ports(|| {
+            calls += 1;
+            Err(lost())
+        });
+        assert!(r.is_err() && calls == 3, "{calls} tries");
+        let mut calls = 0;
+        let r: Result<()> = on_fresh_ports(|| {
+            calls += 1;
+            Err(Error::io("x", std::io::Error::other("no")))
+        });
+        assert!(r.is_err() && calls == 1, "{calls} tries");
+    }
 
     #[test]
     fn ports_are_distinct_and_bindable() {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::clock::FakeClock;
 use crate::error::{Error, Result};
-use crate::ports::try_free_port;
+use crate::ports::{on_fresh_ports, try_free_port};
 use crate::process::{find_binary, server_controls, tcp_exchange, CommandSpec, ServerProcess};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -85,30 +85,32 @@ impl RedisServer {
         clock: Option<&FakeClock>,
         extra_args: &[&str],
     ) -> Result<RedisServer> {
-        let dir = tempfile::Builder::new()
-            .prefix("testkit-redis-")
-            .tempdir()
-            .map_err(|e| Error::io("creating a temp dir for redis-server", e))?;
-        let port = try_free_port()?;
-        let spec = CommandSpec::new(binary)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .args(["--logfile", ""])
-            .args(extra_args)
-            .envs(clock.map(FakeClock::env).unwrap_or_default())
-            .cwd(dir.path());
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        let process = ServerProcess::start(
-            format!("redis-server on {addr}"),
-            spec,
-            Box::new(move || ping(addr)),
-            READY_TIMEOUT,
-            dir,
-            "redis.log",
-        )?;
-        Ok(RedisServer { process, port })
+        on_fresh_ports(|| {
+            let dir = tempfile::Builder::new()
+                .prefix("testkit-redis-")
+                .tempdir()
+                .map_err(|e| Error::io("creating a temp dir for redis-server", e))?;
+            let port = try_free_port()?;
+            let spec = CommandSpec::new(binary)
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+                .arg("--dir")
+                .arg(dir.path())
+                .args(["--logfile", ""])
+                .args(extra_args)
+                .envs(clock.map(FakeClock::env).unwrap_or_default())
+                .cwd(dir.path());
+            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+            let process = ServerProcess::start(
+                format!("redis-server on {addr}"),
+                spec,
+                Box::new(move || ping(addr)),
+                READY_TIMEOUT,
+                dir,
+                "redis.log",
+            )?;
+            Ok(RedisServer { process, port })
+        })
     }
 
     /// Starts `n` independent servers (no replication between them, as

@@ -50,12 +50,13 @@ impl Fixture for EtcdFixture {
         &self,
         delay: Duration,
     ) -> Result<Option<Arc<dyn LockBackend>>, LockError> {
-        let Keep::Single(server) = &self.keep else {
-            // Three endpoints would need three proxies; one member covers
-            // the deadline arithmetic, which does not depend on the cluster.
-            return Ok(None);
+        // Of a cluster, one member behind the proxy: the deadline
+        // arithmetic does not depend on which member answers.
+        let upstream = match &self.keep {
+            Keep::Single(server) => server.addr(),
+            Keep::Cluster(cluster) => cluster.members()[0].addr(),
         };
-        let proxy = Proxy::start(server.addr()).map_err(|e| LockError::Config(e.to_string()))?;
+        let proxy = Proxy::start(upstream).map_err(|e| LockError::Config(e.to_string()))?;
         proxy.set_mode(Mode::Delay(delay));
         let url = format!("etcd://{}", proxy.addr());
         self.proxies

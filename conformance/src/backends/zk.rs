@@ -51,12 +51,13 @@ impl Fixture for ZkFixture {
         &self,
         delay: Duration,
     ) -> Result<Option<Arc<dyn LockBackend>>, LockError> {
-        let Keep::Single(server) = &self.keep else {
-            // The deadline arithmetic does not depend on the ensemble; one
-            // server covers it.
-            return Ok(None);
+        // Of an ensemble, one server behind the proxy: the deadline
+        // arithmetic does not depend on which server answers.
+        let upstream = match &self.keep {
+            Keep::Single(server) => server.addr(),
+            Keep::Ensemble(ensemble) => ensemble.members()[0].addr(),
         };
-        let proxy = Proxy::start(server.addr()).map_err(|e| LockError::Config(e.to_string()))?;
+        let proxy = Proxy::start(upstream).map_err(|e| LockError::Config(e.to_string()))?;
         proxy.set_mode(Mode::Delay(delay));
         let url = format!("zk://{}", proxy.addr());
         self.proxies
