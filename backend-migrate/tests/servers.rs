@@ -1,6 +1,6 @@
 //! The migration lock over real servers (spawned by the test kit): the
 //! conformance suite over Redis → etcd in phase `both`, a busy target releasing the legacy lock, and loss of either side
-//! firing `lost()`.
+//! firing `lost()`, and both sides asked for the coarser TTL.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -366,4 +366,45 @@ async fn passwords_of_both_sides_stay_hidden() {
         !msg.contains("s3cret-legacy") && !msg.contains("wrong-s3cret"),
         "{msg}"
     );
+}
+
+/// docs/migration.md: in `both`, each side is asked for the coarser TTL of
+/// the two, so a 1.5 s TTL over etcd (1 s steps, 2 s at least) is 2 s on
+/// the Redis side too: the two locks expire together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_sides_are_asked_for_the_coarser_ttl() {
+    let redis = RedisServer::start().unwrap();
+    let etcd = EtcdServer::start().unwrap();
+    let legacy = connect(redis.url()).await.unwrap();
+    let m = MigrateBackend::new(
+        connect(redis.url()).await.unwrap(),
+        connect(format!("etcd://{}", etcd.addr())).await.unwrap(),
+        Phase::Both,
+    );
+    let name = unique("coarser-ttl");
+    let asked = AcquireRequest::new(
+        name.clone(),
+        OwnerToken::random(),
+        Duration::from_millis(1500),
+        Duration::ZERO,
+    )
+    .unwrap();
+    let lease = m.try_acquire(&asked).await.unwrap().expect("free");
+    assert_eq!(
+        lease.ttl(),
+        Duration::from_secs(2),
+        "the lease's granted TTL"
+    );
+    let left = legacy
+        .inspect(&name)
+        .await
+        .unwrap()
+        .expect("the legacy side is held")
+        .expires_in
+        .expect("Redis tells the time left");
+    assert!(
+        left > Duration::from_millis(1500) && left <= Duration::from_secs(2),
+        "the Redis side was asked for {left:?} left, not the coarser 2 s"
+    );
+    m.release(&lease).await.unwrap();
 }
