@@ -9,7 +9,9 @@
 -- only try; ARGV[6] the entry's lifetime in milliseconds; ARGV[7] the
 -- prefix of the waiters' wake channels; ARGV[8] the release channel;
 -- ARGV[9] as ARGV[5] of fair_release.lua; ARGV[10] '1' when an earlier
--- attempt of this owner went unanswered.
+-- attempt of this owner went unanswered; ARGV[11] how long (ms) a release
+-- that hands the lock to this waiter grants it for: a claim window, at most
+-- ARGV[2], which the waiter's first renewal extends to ARGV[2].
 --
 -- Returns {1, fence} when taken (also when a release had handed it to this
 -- waiter already: recover()), {0, pttl, counter} otherwise (pttl -2: the
@@ -53,7 +55,7 @@ if ARGV[5] == '1' then
     redis.call('ZADD', queue, redis.call('HINCRBY', KEYS[2], 'qseq', 1), id)
   end
   redis.call('ZADD', deadlines, now + tonumber(ARGV[6]), id)
-  redis.call('HSET', waiters, id, ARGV[2] .. ':' .. now .. ':' .. ARGV[1] .. ':' .. (ARGV[3] or ''))
+  redis.call('HSET', waiters, id, ARGV[11] .. ':' .. now .. ':' .. ARGV[1] .. ':' .. (ARGV[3] or ''))
 end
 local pttl = redis.call('PTTL', KEYS[1])
 -- A dead head was just dropped while the lock is free: its successor

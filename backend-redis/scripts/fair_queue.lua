@@ -8,8 +8,10 @@
 --   entry is dead. Each attempt of a waiter pushes its deadline on, so a
 --   waiter that crashed leaves the queue by itself.
 -- WAITERS (a hash): waiter id -> 'TTL:SEEN:TOKEN:META', what a release
---   needs to hand the lock straight to that waiter: the TTL it asks for
---   (ms), the server time of its last attempt (ms), its owner token and its
+--   needs to hand the lock straight to that waiter: how long to grant it
+--   for (ms; a claim window, which the waiter's first renewal extends to
+--   its TTL, so that a waiter that died is granted the lock only that
+--   long), the server time of its last attempt (ms), its owner token and its
 --   holder description. Written by each attempt of a waiter that queues.
 -- The bookkeeping hash's field `granted` names the waiter a release handed
 --   the lock to, until that waiter (or anyone) takes the lock by an

@@ -49,15 +49,22 @@ const FAIR_BACKOFF: Backoff = Backoff {
 const MIN_QUEUE_ENTRY_LIFE: Duration = Duration::from_secs(2);
 
 /// How recent a fair-mode waiter's last attempt must be for a release to
-/// grant it the lock outright (its own token and TTL, kept in its queue
-/// entry) instead of waking it to try. A live waiter attempts at least every
-/// [`FAIR_BACKOFF`] maximum (plus the attempt's own time); an entry older
-/// than this may belong to a waiter that died, which would otherwise hold
-/// the lock for a whole TTL instead of until its entry's deadline. A waiter
-/// that dies within this second of its last attempt (or whose leave after
-/// a cancelled wait fails) can still be granted the lock, which nobody then
-/// holds until its TTL runs out: a cost in liveness, never in exclusion.
+/// grant it the lock outright (its own token, kept in its queue entry, for
+/// [`GRANT_CLAIM`]) instead of waking it to try. A live waiter attempts at
+/// least every [`FAIR_BACKOFF`] maximum (plus the attempt's own time); an
+/// entry older than this may belong to a waiter that died.
 const GRANT_FRESHNESS: Duration = Duration::from_secs(1);
+
+/// How long a fair-mode release grants the lock to the waiter it hands it
+/// to (or the waiter's TTL, if shorter). The waiter is not asked whether it
+/// still lives: a grant to one that died within [`GRANT_FRESHNESS`] of its
+/// last attempt (or whose leave after a cancelled wait was lost) leaves the
+/// lock to nobody, and this bounds that to a claim window instead of a
+/// whole TTL. A live waiter's lease is granted for the window and renews to
+/// its TTL at a third of it (the watchdog's first renewal); the grant is
+/// trusted only while half the window is left (`granted`), so that first
+/// renewal always comes before the window ends.
+const GRANT_CLAIM: Duration = Duration::from_secs(2);
 
 /// Polling for a foreign holder's release when the server sends no
 /// keyspace events: it announces nothing, so this is the hand-off delay.
@@ -483,7 +490,8 @@ impl RedisBackend {
                 .arg(keys.wake_prefix())
                 .arg(keys.channel())
                 .arg(GRANT_FRESHNESS.as_millis() as u64)
-                .arg(u8::from(recover)),
+                .arg(u8::from(recover))
+                .arg(ttl_ms.min(GRANT_CLAIM.as_millis() as u64)),
             // The plain format recognises its own grant by value, taken
             // over only after an unanswered attempt (plain_acquire.lua).
             (Format::Plain, None) => inv
@@ -609,7 +617,7 @@ impl RedisBackend {
             let mut ttls = Vec::with_capacity(left.len());
             for &i in &left {
                 let (lease, keys) = &batch[i];
-                let (_, ttl_ms) = self.guarantees().granted_ttl(lease.ttl(), PX_UNIT);
+                let (_, ttl_ms) = self.guarantees().granted_ttl(lease.renewal_ttl(), PX_UNIT);
                 inv.arg(&keys.lock)
                     .arg(keys.fence())
                     .arg(self.inner.layout.holder(lease.owner()))
@@ -1030,9 +1038,13 @@ impl RedisBackend {
         if fence <= counter {
             return None;
         }
-        let (ttl, _) = self.guarantees().granted_ttl(req.ttl, PX_UNIT);
-        let lease = req.lease(FencingToken::new(fence)?, ttl, sent_at);
-        (lease.deadline() > Instant::now() + ttl / 2).then_some(lease)
+        let (ttl, ttl_ms) = self.guarantees().granted_ttl(req.ttl, PX_UNIT);
+        // As the attempt wrote it in its queue entry, which the grant used.
+        let claim = Duration::from_millis(ttl_ms.min(GRANT_CLAIM.as_millis() as u64));
+        let lease = req
+            .lease(FencingToken::new(fence)?, claim, sent_at)
+            .with_renewal_ttl(ttl);
+        (lease.deadline() > Instant::now() + claim / 2).then_some(lease)
     }
 
     /// How long a fair-mode queue entry lives after its waiter's last
@@ -1282,7 +1294,7 @@ impl LockBackend for RedisBackend {
     /// the old lease's deadline stays valid either way.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
         let keys = self.key_set(lease.name())?;
-        let (_, ttl_ms) = self.guarantees().granted_ttl(lease.ttl(), PX_UNIT);
+        let (_, ttl_ms) = self.guarantees().granted_ttl(lease.renewal_ttl(), PX_UNIT);
         let holder = self.inner.layout.holder(lease.owner());
         let mut inv = self.inner.layout.scripts().renew.prepare_invoke();
         inv.key(&keys.lock)
@@ -1347,8 +1359,11 @@ impl LockBackend for RedisBackend {
             .arg(&holder)
             .arg(lease.fence().get());
         if self.inner.layout.format == Format::Redisson {
-            inv.key(keys.bookkeeping())
-                .arg(self.guarantees().granted_ttl(lease.ttl(), PX_UNIT).1);
+            inv.key(keys.bookkeeping()).arg(
+                self.guarantees()
+                    .granted_ttl(lease.renewal_ttl(), PX_UNIT)
+                    .1,
+            );
         }
         inv.arg(keys.channel());
         if fair {

@@ -329,9 +329,13 @@ impl RedisConfig {
     /// the lock is free and no older live waiter is queued, in one script.
     /// The releaser grants the lock to the oldest live waiter and tells it
     /// alone, on that waiter's own channel (a waiter not heard from for a
-    /// second is only woken to try). A waiter that crashed leaves the queue at its deadline
-    /// (twice the operation timeout, at least 2 s), a cancelled one at
-    /// once (best effort). `try_acquire` never jumps the queue.
+    /// second is only woken to try). Such a grant is for a claim window of
+    /// 2 s (or the TTL, if shorter), which the new holder's first renewal
+    /// extends to its TTL: a waiter that crashed just after its last
+    /// attempt leaves the lock to nobody for that window, not a whole TTL.
+    /// A waiter that crashed leaves the queue at its deadline (twice the
+    /// operation timeout, at least 2 s), a cancelled one at once (best
+    /// effort). `try_acquire` never jumps the queue.
     ///
     /// Fairness holds among polylock clients in fair mode on the same
     /// lock: foreign clients (redis-py, redsync, ...) and polylock clients

@@ -111,10 +111,16 @@
 //!   on its own channel `__polylock__:wake:{TAG}[:KEY]:ID`: the waiter holds
 //!   the lock without another round trip, its deadline counted from its
 //!   last refused attempt's send (why that is safe: `RedisBackend`'s
-//!   `granted`; `tests/fair.rs`). An older entry (its waiter may have died)
+//!   `granted`; `tests/fair.rs`). Such a grant is for a claim window of
+//!   2 s (or the TTL, if shorter): the lease's [`Lease::ttl`](lock_core::Lease::ttl)
+//!   says so, and its first renewal (the watchdog's, at a third of it)
+//!   asks for the TTL the waiter asked for. So a waiter that died right
+//!   after its last attempt leaves the lock to nobody for at most that
+//!   window, not a whole TTL. An older entry (its waiter may have died)
 //!   is only woken to try. A waiter that gives up or is cancelled leaves the
 //!   queue, frees a lock granted to it that it never took up, and hands it
-//!   to the next waiter; one that crashed leaves it at its deadline. `waiters` counts the live queue entries. Fairness holds
+//!   to the next waiter; one that crashed leaves it at its deadline.
+//!   `waiters` counts the live queue entries. Fairness holds
 //!   among polylock clients in fair mode: foreign clients and polylock
 //!   clients without `fair=true` do not see the queue (`tests/fair.rs`,
 //!   and the conformance suite's FIFO case on `redis-fair` and

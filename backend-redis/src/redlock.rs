@@ -815,7 +815,7 @@ impl RedlockBackend {
         inv.key(&batch[0].1.lock);
         let mut ttls = Vec::with_capacity(batch.len());
         for (lease, keys) in batch {
-            let (_, ttl_ms) = guarantees().granted_ttl(lease.ttl(), PX_UNIT);
+            let (_, ttl_ms) = guarantees().granted_ttl(lease.renewal_ttl(), PX_UNIT);
             inv.arg(&keys.lock)
                 .arg(keys.fence())
                 .arg(stored_value(lease))
@@ -824,7 +824,11 @@ impl RedlockBackend {
             ttls.push(ttl_ms);
         }
         let sent_at = Instant::now();
-        let shortest = batch.iter().map(|(l, _)| l.ttl()).min().unwrap_or_default();
+        let shortest = batch
+            .iter()
+            .map(|(l, _)| l.renewal_ttl())
+            .min()
+            .unwrap_or_default();
         let limit = self.inner.config.timeout.max(shortest / BATCH_SHARE_OF_TTL);
         let replies = self.on_all_within::<Vec<i64>>(&inv, limit).await;
         let judged = batch
@@ -963,7 +967,7 @@ impl LockBackend for RedlockBackend {
     /// none; the old lease's deadline stays valid either way.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
         let keys = self.key_set(lease.name())?;
-        let (_, ttl_ms) = guarantees().granted_ttl(lease.ttl(), PX_UNIT);
+        let (_, ttl_ms) = guarantees().granted_ttl(lease.renewal_ttl(), PX_UNIT);
         let mut inv = self.inner.layout.scripts().renew.prepare_invoke();
         inv.key(&keys.lock)
             .key(keys.fence())

@@ -18,6 +18,9 @@ use tokio::time::timeout;
 
 const TTL: Duration = Duration::from_secs(30);
 
+/// How long a release grants the lock to the waiter it hands it to.
+const CLAIM: Duration = Duration::from_secs(2);
+
 /// The server's clock in milliseconds.
 async fn server_ms(conn: &MultiplexedConnection) -> u64 {
     let mut conn = conn.clone();
@@ -352,12 +355,16 @@ async fn a_release_grants_the_head_waiter_without_another_round_trip() {
         let granted = got.expect("the head waiter acquires");
         let now = tokio::time::Instant::now();
         assert!(granted.fence() > lease.fence());
-        assert_eq!(granted.ttl(), TTL);
+        assert_eq!(granted.renewal_ttl(), TTL, "renewals ask for the TTL asked");
         let from_release = request
-            .lease(granted.fence(), TTL, release_began)
+            .lease(granted.fence(), granted.ttl(), release_began)
             .deadline();
-        if granted.deadline() < from_release {
+        let message = granted.deadline() < from_release;
+        if message {
             by_message += 1;
+            assert_eq!(granted.ttl(), CLAIM, "a hand-off grants the claim window");
+        } else {
+            assert_eq!(granted.ttl(), TTL);
         }
         let mut a = admin.clone();
         let pttl: i64 = redis::cmd("PTTL")
@@ -373,6 +380,17 @@ async fn a_release_grants_the_head_waiter_without_another_round_trip() {
             waiter.inspect(&n).await.unwrap().unwrap().fence,
             Some(granted.fence())
         );
+        if message {
+            // The first renewal extends the claim window to the TTL asked.
+            let renewed = waiter.renew(&granted).await.unwrap();
+            assert_eq!(renewed.ttl(), TTL);
+            let pttl: u64 = redis::cmd("PTTL")
+                .arg(&keys.lock)
+                .query_async(&mut a)
+                .await
+                .unwrap();
+            assert!(Duration::from_millis(pttl) > CLAIM, "pttl {pttl} ms");
+        }
         waiter.release(&granted).await.unwrap();
         assert_eq!(zcard(&admin, &keys.queue).await, 0);
     }
@@ -481,4 +499,126 @@ async fn a_grant_to_a_waiter_that_left_is_handed_on_and_a_stale_waiter_is_not_gr
     let lease = got.expect("granted once the stale entry expired");
     assert!(server_ms(&admin).await >= now + 1500);
     third.release(&lease).await.unwrap();
+}
+
+/// A waiter that dies right after its last attempt (no leave reaches the
+/// server) is still fresh enough to be handed the lock by the next release.
+/// The hand-off grants it a claim window of 2 s, not its TTL of 30 s: the
+/// lock is free again within the window, and the next waiter takes it
+/// then, where a grant of the waiter's whole TTL would have left the lock
+/// to nobody for 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_died_is_handed_the_lock_only_for_the_claim_window() {
+    let srv = server();
+    let url = format!("{}/0?fair=true", srv.url());
+    let holder = backend(&url).await;
+    let admin = raw(&srv.url()).await;
+    let proxy = testkit::Proxy::start(srv.addr()).expect("proxy");
+    let doomed = backend(&format!("redis://{}/0?fair=true", proxy.addr())).await;
+    let n = name("fair/died");
+    let keys = holder.keys(&n).unwrap();
+    let lease = common::acquire_free(&holder, &n, TTL).await;
+    let task = spawn_timed_acquire(&doomed, wait_req(&n, TTL, Duration::from_secs(60)));
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            queued(&holder, &n).await == 1
+        })
+        .await
+    );
+    // Past its subscription and first polls; then it goes silent, as a
+    // process killed mid-wait does: its cancelled wait's leave is lost.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    proxy.set_mode(testkit::Mode::Blackhole);
+    task.abort();
+    holder.release(&lease).await.unwrap();
+
+    let mut a = admin.clone();
+    let (value, pttl): (Option<String>, i64) = redis::pipe()
+        .cmd("GET")
+        .arg(&keys.lock)
+        .cmd("PTTL")
+        .arg(&keys.lock)
+        .query_async(&mut a)
+        .await
+        .unwrap();
+    assert!(value.is_some(), "the release handed the lock to the waiter");
+    assert!(
+        pttl > 0 && Duration::from_millis(pttl as u64) <= CLAIM,
+        "a dead waiter was granted {pttl} ms"
+    );
+    let next = backend(&url).await;
+    let started = tokio::time::Instant::now();
+    let got = next
+        .acquire(&wait_req(&n, TTL, Duration::from_secs(15)))
+        .await
+        .unwrap()
+        .expect("the lock is free again after the claim window");
+    assert!(
+        started.elapsed() < CLAIM + Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+    next.release(&got).await.unwrap();
+}
+
+/// A holder handed the lock by a release (granted the claim window) keeps
+/// it past that window: the watchdog's first renewal asks for the TTL the
+/// holder asked for, not the window's. A hand-off that went by the waiter's
+/// own poll instead (granted the TTL at once) proves nothing here, so it is
+/// tried a few times and must go by message at least once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_handed_the_lock_renews_past_the_claim_window_to_its_ttl() {
+    let srv = server();
+    let url = format!("{}/0?fair=true", srv.url());
+    let holder = common::locker_on(&url).await;
+    let waiter = common::locker_on(&url).await;
+    let probe = backend(&url).await;
+    let admin = raw(&srv.url()).await;
+    let mut checked = false;
+    for round in 0..3 {
+        let lock = format!("fair/claimed/{round}");
+        let n = name(&lock);
+        let first = holder.lock(&lock).ttl(TTL).acquire().await.unwrap();
+        let task = {
+            let waiter = waiter.clone();
+            tokio::spawn(async move {
+                waiter
+                    .lock(&lock)
+                    .ttl(TTL)
+                    .wait(Duration::from_secs(60))
+                    .acquire()
+                    .await
+                    .expect("the waiter acquires")
+            })
+        };
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                queued(&probe, &n).await == 1
+            })
+            .await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        first.release().await.unwrap();
+        let guard = task.await.unwrap();
+        if guard.lease().ttl() != CLAIM {
+            guard.release().await.unwrap();
+            continue;
+        }
+        tokio::time::sleep(CLAIM + Duration::from_millis(500)).await;
+        assert!(guard.is_held(), "lost past the claim window");
+        let mut a = admin.clone();
+        let pttl: u64 = redis::cmd("PTTL")
+            .arg(&probe.keys(&n).unwrap().lock)
+            .query_async(&mut a)
+            .await
+            .unwrap();
+        assert!(
+            Duration::from_millis(pttl) > TTL - Duration::from_secs(5),
+            "renewed to {pttl} ms, not to the TTL asked"
+        );
+        guard.release().await.unwrap();
+        checked = true;
+        break;
+    }
+    assert!(checked, "no round's hand-off went by the release's grant");
 }

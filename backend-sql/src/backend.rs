@@ -586,7 +586,10 @@ impl SqlBackend {
         let grants: Vec<(Duration, i64)> = leases
             .iter()
             .map(|l| {
-                let (granted, units) = self.inner.guarantees.granted_ttl(l.ttl(), precision);
+                let (granted, units) = self
+                    .inner
+                    .guarantees
+                    .granted_ttl(l.renewal_ttl(), precision);
                 (granted, i64::try_from(units).unwrap_or(i64::MAX))
             })
             .collect();
@@ -1129,10 +1132,10 @@ impl LockBackend for SqlBackend {
     /// Cancel safe: the row was extended or not; the old deadline holds.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
         let sent_at = Instant::now();
-        let (granted, units) = self
-            .inner
-            .guarantees
-            .granted_ttl(lease.ttl(), self.inner.config.dialect.timestamp_precision());
+        let (granted, units) = self.inner.guarantees.granted_ttl(
+            lease.renewal_ttl(),
+            self.inner.config.dialect.timestamp_precision(),
+        );
         let units = i64::try_from(units).unwrap_or(i64::MAX);
         let owner = lease.owner().to_string();
         let version = lease.fence().get();

@@ -121,6 +121,7 @@ pub struct Lease {
     owner: OwnerToken,
     fence: FencingToken,
     ttl: Duration,
+    renewal_ttl: Duration,
     sent_at: Instant,
     deadline: Instant,
     policy: ClockPolicy,
@@ -145,6 +146,7 @@ impl Lease {
             owner,
             fence,
             ttl,
+            renewal_ttl: ttl,
             sent_at,
             policy,
             key: None,
@@ -157,6 +159,18 @@ impl Lease {
     /// exactly what acquire created.
     pub fn with_backend_key(mut self, key: impl Into<Arc<str>>) -> Self {
         self.key = Some(key.into());
+        self
+    }
+
+    /// Sets the TTL renewals ask for when the server granted the lease for
+    /// less than the holder asked: a fair-mode Redis hand-off grants a
+    /// short claim window, so that a waiter that died after its last
+    /// attempt holds the lock for that window rather than a whole TTL, and
+    /// the first renewal (the watchdog's, at a third of the granted TTL)
+    /// extends it to the TTL asked for. Without it, renewals ask for
+    /// [`ttl`](Lease::ttl).
+    pub fn with_renewal_ttl(mut self, ttl: Duration) -> Self {
+        self.renewal_ttl = ttl;
         self
     }
 
@@ -187,7 +201,8 @@ impl Lease {
     }
 
     /// The same lease extended by a renew request sent at `sent_at` that the
-    /// server granted for `ttl`. Name, owner, fence and key are unchanged.
+    /// server granted for `ttl`. Name, owner, fence, key and the TTL that
+    /// renewals ask for are unchanged.
     pub fn renewed(&self, ttl: Duration, sent_at: Instant) -> Self {
         Lease {
             ttl,
@@ -212,6 +227,13 @@ impl Lease {
     /// The TTL the server granted on the last acquire or renew.
     pub fn ttl(&self) -> Duration {
         self.ttl
+    }
+    /// The TTL a renewal of this lease asks the server for: the TTL the
+    /// acquire asked for (as the backend grants it), which is
+    /// [`ttl`](Lease::ttl) unless the server granted this lease for less
+    /// (see [`with_renewal_ttl`](Lease::with_renewal_ttl)).
+    pub fn renewal_ttl(&self) -> Duration {
+        self.renewal_ttl
     }
     /// When the last acquire or renew request was sent (monotonic clock).
     pub fn sent_at(&self) -> Instant {
@@ -264,7 +286,17 @@ mod tests {
             ClockPolicy::default(),
         )
         .with_backend_key("k");
+        assert_eq!(l.renewal_ttl(), l.ttl());
+        let l = l.with_renewal_ttl(Duration::from_secs(2));
         let later = now + Duration::from_millis(500);
+        let r = l.renewed(Duration::from_secs(2), later);
+        assert_eq!(r.renewal_ttl(), Duration::from_secs(2));
+        let r = r.renewed(Duration::from_millis(700), later);
+        assert_eq!(
+            (r.ttl(), r.renewal_ttl()),
+            (Duration::from_millis(700), Duration::from_secs(2)),
+            "a renewal granted short still asks for the TTL asked next time"
+        );
         let r = l.renewed(Duration::from_secs(2), later);
         assert_eq!(r.fence(), l.fence());
         assert_eq!(r.owner(), l.owner());

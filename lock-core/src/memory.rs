@@ -163,8 +163,8 @@ impl LockBackend for MemoryBackend {
         let mut t = self.table();
         match t.live(lease.name(), sent_at) {
             Some(e) if e.owner == lease.owner() && e.fence == lease.fence() => {
-                e.expires_at = crate::lease::later(sent_at, lease.ttl());
-                Ok(lease.renewed(lease.ttl(), sent_at))
+                e.expires_at = crate::lease::later(sent_at, lease.renewal_ttl());
+                Ok(lease.renewed(lease.renewal_ttl(), sent_at))
             }
             _ => Err(LockError::Lost {
                 name: lease.name().to_string(),
