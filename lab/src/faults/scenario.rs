@@ -785,6 +785,20 @@ pub async fn run(scenario: &Scenario, ctx: &mut Ctx<'_>) -> Result<Window, Strin
                         by.as_secs()
                     ));
                     clock.step(by).map_err(|e| e.to_string())?;
+                    // Where the row's outcome would look the same had the
+                    // step never reached the server, ask the server.
+                    if let Some(lead) = ctx.target.server_clock_lead().await? {
+                        ctx.register.mark(&format!(
+                            "the server's wall clock reads {} s ahead",
+                            lead.as_secs()
+                        ));
+                        if lead + Duration::from_secs(2) < by {
+                            return Err(format!(
+                                "the server's wall clock did not step: it reads {lead:?} \
+                                 ahead of this machine's, {by:?} was asked"
+                            ));
+                        }
+                    }
                     at
                 }
                 None => {

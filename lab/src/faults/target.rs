@@ -378,6 +378,57 @@ impl Target {
         self.clock.as_ref()
     }
 
+    /// How far ahead of this machine's wall clock the server's own wall
+    /// clock reads, asked of the server, where the suite can ask it and the
+    /// outcome alone would not show a step that never happened: ZooKeeper
+    /// (the creation time of a probe node, stamped by the server's JVM),
+    /// whose sessions do not see the step, and Redis (`TIME`). `None` for
+    /// the others: PostgreSQL and MariaDB let the next holder in early when
+    /// their clock moves, which the row shows (and testkit's
+    /// `clock_leader` tests read their clocks after a step).
+    ///
+    /// # Cancel safety
+    /// Cancel safe on Redis; a dropped ZooKeeper probe may leave its
+    /// ephemeral node until the probe's session ends.
+    pub async fn server_clock_lead(&self) -> Result<Option<Duration>, String> {
+        let server_ms: i64 = match &self.keep {
+            Keep::Zk(s) => {
+                let c = zookeeper_client::Client::connect(&s.connect_string())
+                    .await
+                    .map_err(|e| format!("reading ZooKeeper's clock: {e}"))?;
+                static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let path = format!("/polylock-clock-probe-{}-{n}", std::process::id());
+                let mode = zookeeper_client::CreateMode::Ephemeral
+                    .with_acls(zookeeper_client::Acls::anyone_all());
+                let (stat, _) = c
+                    .create(&path, b"", &mode)
+                    .await
+                    .map_err(|e| format!("reading ZooKeeper's clock: {e}"))?;
+                let _ = c.delete(&path, None).await;
+                stat.ctime
+            }
+            Keep::Redis(v) if v.len() == 1 => {
+                let addr = v[0].addr();
+                let reply = tokio::task::block_in_place(|| redis_cmd(addr, &["TIME"]))?;
+                let parts: Vec<i64> = redis::from_redis_value(reply.clone())
+                    .map_err(|e| format!("TIME on {addr}: {e}"))?;
+                match parts[..] {
+                    [secs, micros] => secs * 1000 + micros / 1000,
+                    _ => return Err(format!("TIME on {addr}: {reply:?}")),
+                }
+            }
+            _ => return Ok(None),
+        };
+        let here_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(|e| e.to_string())?
+            .as_millis() as i64;
+        Ok(Some(Duration::from_millis(
+            server_ms.saturating_sub(here_ms).max(0) as u64,
+        )))
+    }
+
     /// The member that leads the group now, where the deployment can name
     /// it (an etcd cluster, a ZooKeeper ensemble).
     pub fn leader(&self) -> Option<&ServerProcess> {
