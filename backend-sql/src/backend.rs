@@ -556,7 +556,7 @@ impl SqlBackend {
         loop {
             match tokio::time::timeout_at(until, f()).await {
                 Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if conflicts + 1 < CONFLICT_RETRIES && is_conflict(dialect, &e) => {
+                Ok(Err(e)) if conflicts < CONFLICT_RETRIES && is_conflict(dialect, &e) => {
                     conflicts += 1;
                     tracing::debug!(op, error = %self.inner.errors.shown(&e), "polylock sql: conflict, running again");
                     tokio::task::yield_now().await;

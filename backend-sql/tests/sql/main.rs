@@ -6,6 +6,7 @@ mod batch;
 #[path = "../common/mod.rs"]
 mod common;
 mod config;
+mod conflicts;
 mod fencing;
 mod holding;
 mod list;
