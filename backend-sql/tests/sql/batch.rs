@@ -25,7 +25,12 @@ fn assert_lost(what: &str, d: backend_sql::Dialect, r: &Result<Lease, LockError>
 }
 
 /// `n` locks held by `client`, each under its own owner and `ttl`.
-async fn hold_many(client: &SqlBackend, prefix: &str, n: usize, ttl: Duration) -> Vec<Lease> {
+pub(crate) async fn hold_many(
+    client: &SqlBackend,
+    prefix: &str,
+    n: usize,
+    ttl: Duration,
+) -> Vec<Lease> {
     futures::stream::iter(0..n)
         .map(|i| {
             let name = format!("{prefix}/{i:04}");
@@ -37,7 +42,7 @@ async fn hold_many(client: &SqlBackend, prefix: &str, n: usize, ttl: Duration) -
 }
 
 /// The time the database gives `lease`'s row before it expires.
-async fn left(client: &SqlBackend, lease: &Lease) -> Duration {
+pub(crate) async fn left(client: &SqlBackend, lease: &Lease) -> Duration {
     client
         .inspect(lease.name())
         .await

@@ -14,36 +14,33 @@ use std::time::Duration;
 use backend_sql::Dialect;
 use lock_core::{LockBackend, OwnerToken};
 
+use crate::batch::{hold_many, left};
 use crate::common::{self, exec, request, table_of, unique, Db};
 
 /// How many deadlocks in a row the client absorbs (`CONFLICT_RETRIES`).
 const ABSORBED: u32 = 3;
 
-/// Makes the next `n` updates of `db`'s lock table fail with a deadlock
-/// error (the table must exist: a client has connected). An update
-/// trigger, since on MariaDB any insert trigger hides the insert id that
-/// carries an acquisition's outcome.
-async fn inject_deadlocks(db: &Db, n: u32) {
+/// Puts a trigger on `db`'s lock table (the table must exist: a client has
+/// connected) that runs `pg` (PL/pgSQL, before `RETURN NEW`) or `maria`
+/// (MariaDB) before each update of a row, in place of the last such
+/// trigger. An update trigger, since on MariaDB any insert trigger hides
+/// the insert id that carries an acquisition's outcome.
+async fn before_update(db: &Db, pg: &str, maria: &str) {
     let table = table_of(&db.url);
-    let seq = unique("deadlocks");
-    let trigger = unique("deadlock");
     match db.dialect {
         Dialect::Postgres => {
-            let function = format!(
-                "CREATE FUNCTION {trigger}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-                 IF nextval('{seq}') <= {n} THEN \
-                 RAISE EXCEPTION 'injected deadlock' USING ERRCODE = '40P01'; END IF; \
-                 RETURN NEW; END $$"
-            );
+            let function = unique("injected");
             exec(
                 &db.base,
                 &[
                     &format!("DROP TRIGGER IF EXISTS injected ON {table}"),
-                    &format!("CREATE SEQUENCE {seq}"),
-                    &function,
+                    &format!(
+                        "CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ \
+                         BEGIN {pg} RETURN NEW; END $$"
+                    ),
                     &format!(
                         "CREATE TRIGGER injected BEFORE UPDATE ON {table} \
-                         FOR EACH ROW EXECUTE FUNCTION {trigger}()"
+                         FOR EACH ROW EXECUTE FUNCTION {function}()"
                     ),
                 ],
             )
@@ -54,21 +51,48 @@ async fn inject_deadlocks(db: &Db, n: u32) {
                 &db.base,
                 &[
                     &format!("DROP TRIGGER IF EXISTS {table}_injected"),
-                    // MyISAM: the trigger's count survives the rollback.
-                    &format!("CREATE TABLE {seq} (n INT NOT NULL) ENGINE=MyISAM"),
-                    &format!("INSERT INTO {seq} VALUES (0)"),
                     &format!(
-                        "CREATE TRIGGER {table}_injected BEFORE UPDATE ON {table} FOR EACH ROW \
-                         BEGIN UPDATE {seq} SET n = n + 1; \
-                         IF (SELECT n FROM {seq}) <= {n} THEN SIGNAL SQLSTATE '40001' \
-                         SET MYSQL_ERRNO = 1213, MESSAGE_TEXT = 'injected deadlock'; END IF; END"
+                        "CREATE TRIGGER {table}_injected BEFORE UPDATE ON {table} \
+                         FOR EACH ROW BEGIN {maria} END"
                     ),
                 ],
             )
             .await;
         }
-        other => unreachable!("{other:?}: no deadlock errors to inject"),
+        other => unreachable!("{other:?}: no server to inject errors on"),
     }
+}
+
+/// Makes the next `n` updates of `db`'s lock table fail with the server's
+/// deadlock error.
+async fn inject_deadlocks(db: &Db, n: u32) {
+    let count = unique("deadlocks");
+    let setup = match db.dialect {
+        Dialect::Postgres => vec![format!("CREATE SEQUENCE {count}")],
+        // MyISAM: the count survives the rollback.
+        _ => vec![
+            format!("CREATE TABLE {count} (n INT NOT NULL) ENGINE=MyISAM"),
+            format!("INSERT INTO {count} VALUES (0)"),
+        ],
+    };
+    exec(
+        &db.base,
+        &setup.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .await;
+    before_update(
+        db,
+        &format!(
+            "IF nextval('{count}') <= {n} THEN \
+             RAISE EXCEPTION 'injected deadlock' USING ERRCODE = '40P01'; END IF;"
+        ),
+        &format!(
+            "UPDATE {count} SET n = n + 1; \
+             IF (SELECT n FROM {count}) <= {n} THEN SIGNAL SQLSTATE '40001' \
+             SET MYSQL_ERRNO = 1213, MESSAGE_TEXT = 'injected deadlock'; END IF;"
+        ),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,6 +153,68 @@ async fn deadlocks_are_retried_at_once_a_bounded_number_of_times() {
         assert!(
             client.inspect(lease.name()).await.unwrap().is_none(),
             "{d:?}"
+        );
+    }
+}
+
+/// A batch of renewals larger than one statement carries, one of whose
+/// statements fails (a row the server refuses to update): every lease of
+/// that statement is answered with the server's error, not `Lost` (the
+/// locks are still held, and the watchdog tries again), and keeps its row
+/// as it was; the other statement's leases are renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_renewal_statement_fails_its_own_leases_only() {
+    let dbs = tokio::task::spawn_blocking(|| vec![common::postgres(), common::mariadb()])
+        .await
+        .unwrap();
+    const CHUNK: usize = 256;
+    for db in dbs {
+        let d = db.dialect;
+        let client = db.client().await;
+        let leases = hold_many(
+            &client,
+            &unique("chunk"),
+            CHUNK + 20,
+            Duration::from_secs(60),
+        )
+        .await;
+        let poisoned = leases[3].name().as_str().to_owned();
+        before_update(
+            &db,
+            &format!("IF NEW.name = '{poisoned}' THEN RAISE EXCEPTION 'injected failure'; END IF;"),
+            &format!(
+                "IF NEW.name = '{poisoned}' THEN \
+                 SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'injected failure'; END IF;"
+            ),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let before = left(&client, &leases[0]).await;
+        let answers = client.renew_many(&leases).await;
+        for (i, answer) in answers.iter().enumerate() {
+            if i < CHUNK {
+                let e = answer
+                    .as_ref()
+                    .expect_err(&format!("{d:?}: lease {i} of the failed statement"));
+                assert!(!e.is_lost(), "{d:?}: lease {i}: {e}");
+                assert!(e.to_string().contains("injected failure"), "{d:?}: {e}");
+            } else {
+                let renewed = answer
+                    .as_ref()
+                    .unwrap_or_else(|e| panic!("{d:?}: lease {i} of the other statement: {e}"));
+                assert!(
+                    renewed.deadline() > leases[i].deadline(),
+                    "{d:?}: lease {i}"
+                );
+            }
+        }
+        assert!(
+            left(&client, &leases[0]).await <= before,
+            "{d:?}: a row of the failed statement was extended"
+        );
+        assert!(
+            left(&client, &leases[CHUNK]).await > before,
+            "{d:?}: a row of the other statement was not extended"
         );
     }
 }
