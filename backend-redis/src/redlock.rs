@@ -59,7 +59,11 @@
 //!   Otherwise the lease is lost: renew returns [`LockError::Lost`], after
 //!   releasing the lease on every node it still holds.
 //! - **Release** runs the `plain` owner- and token-checked delete on every
-//!   node. A majority released, or no node was granted to anyone since (the
+//!   node, which also removes the attempt's own key where the node's
+//!   counter is above the lease's token (`redlock_release.lua`: a node
+//!   that granted the attempt after its counter was re-seeded, its answer
+//!   not counted; the value carries the attempt's nonce, so the key can
+//!   be nobody else's). A majority released, or no node was granted to anyone since (the
 //!   lease expired untouched): `Ok`. Fewer released and a node was granted
 //!   to someone else since: `Lost`. Too few nodes answered to tell: a
 //!   retryable error.
@@ -148,6 +152,13 @@ static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/redlock_raise_fence.lua")));
 static UNDO: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/redlock_undo.lua")));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../scripts/counter_fn.lua"),
+        include_str!("../scripts/plain_release_fn.lua"),
+        include_str!("../scripts/redlock_release.lua")
+    ))
+});
 
 /// What Redlock promises: see [`crate::guarantees`].
 pub(crate) fn guarantees() -> Guarantees {
@@ -268,11 +279,10 @@ impl Node {
 /// Redlock loaded.
 async fn connect_node(config: &RedisConfig) -> Result<Link, Fail> {
     let link = Link::connect(config).await?;
-    let mut scripts: Vec<&Script> = vec![&RAISE_FENCE, &UNDO, &FORCE_RELEASE];
+    let mut scripts: Vec<&Script> = vec![&RAISE_FENCE, &UNDO, &RELEASE, &FORCE_RELEASE];
     let plain = plain_layout(String::new()).scripts();
     scripts.extend([
         &plain.acquire,
-        &plain.release,
         &plain.renew,
         &plain.renew_many,
         &plain.inspect,
@@ -1012,7 +1022,7 @@ impl LockBackend for RedlockBackend {
     /// none; the rest expires at its TTL.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
         let keys = self.key_set(lease.name())?;
-        let mut inv = self.inner.layout.scripts().release.prepare_invoke();
+        let mut inv = RELEASE.prepare_invoke();
         inv.key(&keys.lock)
             .key(keys.fence())
             .arg(stored_value(lease))

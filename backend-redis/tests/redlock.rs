@@ -1207,3 +1207,48 @@ async fn a_node_behind_a_slow_link_joins_after_the_client_started() {
     }
     assert!(joined, "the node behind the slow link never held the lock");
 }
+
+/// A node whose fencing counter is above the lease's token while it holds
+/// the lease's own key (it granted the attempt after a re-seed of its
+/// counter, too late to count, or its answer was lost) refuses the
+/// owner-and-token-checked release. The release then removes the key by the
+/// attempt's value, which only this attempt can have written, instead of
+/// leaving it to block that node for the rest of the TTL; and it counts the
+/// node as released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_re_seeded_above_the_token_is_still_released() {
+    let servers = five();
+    let c = client(&servers).await;
+    let n = name("re-seeded");
+    let keys = c.keys(&n).unwrap();
+    let lease = c
+        .try_acquire(&req(&n, Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("free");
+    let above = lease.fence().get() + 1_000_000;
+    for s in &servers[..3] {
+        on_node(
+            s,
+            redis::cmd("HSET").arg(&keys.fence).arg("fence").arg(above),
+        )
+        .await;
+    }
+    c.release(&lease)
+        .await
+        .expect("released: the nodes above the token still held our key");
+    let all: Vec<&RedisServer> = servers.iter().collect();
+    assert_eq!(
+        holding(&all, n.as_str()).await,
+        0,
+        "a node kept the released lease's key"
+    );
+    // The lock is free on every node at once, not after the TTL.
+    let next = c
+        .try_acquire(&req(&n, Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("free again");
+    assert!(next.fence().get() > above);
+    c.release(&next).await.unwrap();
+}
