@@ -1015,13 +1015,16 @@ impl RedisBackend {
     /// Why the deadline is safe: the message carries the grant's fencing
     /// token. The last refused attempt saw the counter at some value when
     /// the server ran it, after it was sent; a token above that value was
-    /// issued by a grant that ran later still, with this waiter's TTL. So
-    /// the lock expires on the server no earlier than that attempt's send
-    /// time plus the TTL, and the lease's deadline is counted from that
-    /// send time. A message with a token no higher (a grant that came
-    /// before the refusal, since lost) is not trusted; neither is one whose
-    /// deadline would leave less than half the TTL (the refusal was long
-    /// ago), nor one when replicas must acknowledge the grant: the next
+    /// issued by a grant that ran later still, for the claim window this
+    /// waiter's queue entry asked ([`GRANT_CLAIM`], or its TTL if shorter).
+    /// So the lock expires on the server no earlier than that attempt's send
+    /// time plus the window, and the lease (granted for the window, renewed
+    /// to the TTL asked) has its deadline counted from that send time. A
+    /// message with a token no higher (a grant that came before the
+    /// refusal, since lost) is not trusted; neither is one whose deadline
+    /// would leave less than half the window (the refusal was long ago:
+    /// the first renewal, at a third of it, must come first), nor one when
+    /// replicas must acknowledge the grant: the next
     /// attempt then takes the grant over (the acquire script's recovery),
     /// with a fresh send time, or learns that it is gone.
     fn granted(
