@@ -283,7 +283,8 @@ impl MigrateBackend {
                 lease.ttl(),
                 lease.sent_at(),
                 lease.policy(),
-            );
+            )
+            .with_renewal_ttl(lease.renewal_ttl());
             match key {
                 Some(k) => l.with_backend_key(k),
                 None => l,
@@ -310,6 +311,9 @@ fn combine(legacy: Lease, target: Lease) -> Lease {
         sent_at,
         target.policy(),
     )
+    // A side granted for less than asked (a fair-mode Redis hand-off's
+    // claim window) still renews to the TTL asked.
+    .with_renewal_ttl(legacy.renewal_ttl().min(target.renewal_ttl()))
     .with_backend_key(key::encode(&legacy, &target));
     let signals: Vec<CancellationToken> = [legacy.revocation(), target.revocation()]
         .into_iter()
@@ -610,6 +614,35 @@ mod tests {
             Duration::ZERO,
         )
         .unwrap()
+    }
+
+    /// A side granted for less than it asked (a fair-mode Redis hand-off
+    /// grants a claim window) renews to the TTL asked: the composite and
+    /// the sides split from it for a renewal keep asking for it.
+    #[test]
+    fn a_side_granted_short_still_renews_to_the_ttl_asked() {
+        let asked = Duration::from_secs(30);
+        let now = tokio::time::Instant::now();
+        let r = req("n");
+        let legacy = r.lease(lock_core::FencingToken::new(4).unwrap(), asked, now);
+        let target = r
+            .lease(
+                lock_core::FencingToken::new(9).unwrap(),
+                Duration::from_secs(2),
+                now,
+            )
+            .with_renewal_ttl(asked);
+        let composite = combine(legacy, target);
+        assert_eq!(composite.ttl(), Duration::from_secs(2));
+        assert_eq!(composite.renewal_ttl(), asked);
+        let m = MigrateBackend::new(
+            Arc::new(MemoryBackend::new()),
+            Arc::new(MemoryBackend::new()),
+            Phase::Both,
+        );
+        let (l, t) = m.split(&composite).unwrap();
+        assert_eq!((l.renewal_ttl(), t.renewal_ttl()), (asked, asked));
+        assert_eq!(l.fence().get(), 4);
     }
 
     #[tokio::test]
