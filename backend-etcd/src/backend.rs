@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use etcd_client::{Client, ConnectOptions};
 use futures::{StreamExt, TryStreamExt};
 use lock_core::{
-    AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Lease,
-    LockBackend, LockError, LockName, WaitMechanism,
+    AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Issuer,
+    Lease, LockBackend, LockError, LockName, WaitMechanism,
 };
 use tokio::time::{sleep, sleep_until, timeout_at, Instant};
 
@@ -89,6 +89,8 @@ pub struct EtcdBackend {
 
 struct Inner {
     config: EtcdConfig,
+    /// Stamps this client's leases; renew and release refuse others'.
+    issuer: Issuer,
     conn: Conn,
     sessions: Mutex<Vec<Arc<Session>>>,
     /// One grant at a time, so concurrent first acquisitions share it.
@@ -244,6 +246,7 @@ impl EtcdBackend {
         let conn = Conn::new(&client, config.op_timeout());
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
+                issuer: Issuer::new(),
                 config,
                 watches: Watches::new(conn.clone(), crate::watch::LINGER),
                 conn,
@@ -712,7 +715,7 @@ impl LockBackend for EtcdBackend {
         let Some(slot) = self.inner.slots.try_take(&req.name) else {
             return Ok(None);
         };
-        self.attempt(req, slot, None).await
+        self.inner.issuer.stamp(self.attempt(req, slot, None).await)
     }
 
     /// Queues a claim and watches the deletion of the claim just before it
@@ -740,7 +743,7 @@ impl LockBackend for EtcdBackend {
                     tracing::debug!(name = %req.name, error = %e, "polylock: etcd acquire failed; retrying until the wait ends");
                     pacer.pause_until(deadline).await;
                 }
-                other => return other,
+                other => return self.inner.issuer.stamp(other),
             }
         }
     }
@@ -755,6 +758,7 @@ impl LockBackend for EtcdBackend {
     /// Cancel safe: read only, apart from a keepalive the session sends
     /// anyway.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.inner.issuer.check(lease)?;
         let lost = || LockError::Lost {
             name: lease.name().to_string(),
         };
@@ -799,6 +803,9 @@ impl LockBackend for EtcdBackend {
     /// Cancel safe: read only, apart from keepalives the sessions send
     /// anyway.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        if self.inner.issuer.any_foreign(leases) {
+            return lock_core::renew_each(self, leases).await;
+        }
         let lost = |lease: &Lease| LockError::Lost {
             name: lease.name().to_string(),
         };
@@ -898,6 +905,7 @@ impl LockBackend for EtcdBackend {
     /// release dropped (or failed) after sending counts as released for a
     /// second release.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        self.inner.issuer.check(lease)?;
         let until = lease.deadline().min(Instant::now() + RELEASE_RETRY);
         loop {
             match self.release_once(lease).await {

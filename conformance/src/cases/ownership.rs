@@ -195,3 +195,40 @@ pub(crate) async fn same_owner_with_an_older_fence_is_refused(ctx: &Ctx<'_>) {
     }
     client.release(&new).await.expect("release");
 }
+
+/// A lease is renewed and released only through the client that took it
+/// (or a clone of it): another client of the same service refuses it with
+/// `ForeignLease`, whatever the owner token would match there, and the
+/// holder's lock is untouched; through its own client it still works.
+pub(crate) async fn a_lease_is_used_only_through_the_client_that_took_it(ctx: &Ctx<'_>) {
+    let name = ctx.name("issuer");
+    let holder = ctx.client().await;
+    let other = ctx.client().await;
+    let lease = raw_try(&holder, &name, Duration::from_secs(30))
+        .await
+        .expect("acquire");
+    let foreign = |what: &str, e: Option<lock_core::LockError>| match e {
+        Some(lock_core::LockError::ForeignLease { name: n }) => {
+            assert_eq!(n, name.as_str(), "{what}")
+        }
+        other => panic!("{what} through another client: {other:?}, not ForeignLease"),
+    };
+    foreign("release", other.release(&lease).await.err());
+    foreign("renew", other.renew(&lease).await.err());
+    let mut batch = other.renew_many(std::slice::from_ref(&lease)).await;
+    foreign("renew_many", batch.pop().and_then(Result::err));
+    let info = holder
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .expect("still held");
+    assert_eq!(info.fence, Some(lease.fence()), "the holder's lock moved");
+    let renewed = holder
+        .renew(&lease)
+        .await
+        .expect("renew through its own client");
+    holder
+        .release(&renewed)
+        .await
+        .expect("release through its own client");
+}
