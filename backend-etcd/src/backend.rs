@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use etcd_client::{Client, ConnectOptions};
 use futures::{StreamExt, TryStreamExt};
 use lock_core::{
-    AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Issuer,
-    Lease, LockBackend, LockError, LockName, WaitMechanism,
+    AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Lease,
+    LockBackend, LockError, LockName, WaitMechanism,
 };
 use tokio::time::{sleep, sleep_until, timeout_at, Instant};
 
@@ -89,8 +89,6 @@ pub struct EtcdBackend {
 
 struct Inner {
     config: EtcdConfig,
-    /// Stamps this client's leases; renew and release refuse others'.
-    issuer: Issuer,
     conn: Conn,
     sessions: Mutex<Vec<Arc<Session>>>,
     /// One grant at a time, so concurrent first acquisitions share it.
@@ -246,7 +244,6 @@ impl EtcdBackend {
         let conn = Conn::new(&client, config.op_timeout());
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
-                issuer: Issuer::new(),
                 config,
                 watches: Watches::new(conn.clone(), crate::watch::LINGER),
                 conn,
@@ -715,7 +712,7 @@ impl LockBackend for EtcdBackend {
         let Some(slot) = self.inner.slots.try_take(&req.name) else {
             return Ok(None);
         };
-        self.inner.issuer.stamp(self.attempt(req, slot, None).await)
+        self.attempt(req, slot, None).await
     }
 
     /// Queues a claim and watches the deletion of the claim just before it
@@ -743,7 +740,7 @@ impl LockBackend for EtcdBackend {
                     tracing::debug!(name = %req.name, error = %e, "polylock: etcd acquire failed; retrying until the wait ends");
                     pacer.pause_until(deadline).await;
                 }
-                other => return self.inner.issuer.stamp(other),
+                other => return other,
             }
         }
     }
@@ -758,7 +755,6 @@ impl LockBackend for EtcdBackend {
     /// Cancel safe: read only, apart from a keepalive the session sends
     /// anyway.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.inner.issuer.check(lease)?;
         let lost = || LockError::Lost {
             name: lease.name().to_string(),
         };
@@ -803,9 +799,6 @@ impl LockBackend for EtcdBackend {
     /// Cancel safe: read only, apart from keepalives the sessions send
     /// anyway.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
-        if self.inner.issuer.any_foreign(leases) {
-            return lock_core::renew_each(self, leases).await;
-        }
         let lost = |lease: &Lease| LockError::Lost {
             name: lease.name().to_string(),
         };
@@ -905,7 +898,6 @@ impl LockBackend for EtcdBackend {
     /// release dropped (or failed) after sending counts as released for a
     /// second release.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        self.inner.issuer.check(lease)?;
         let until = lease.deadline().min(Instant::now() + RELEASE_RETRY);
         loop {
             match self.release_once(lease).await {

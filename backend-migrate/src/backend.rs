@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    AcquireRequest, ExpiryClock, Guarantees, HolderInfo, Issuer, Lease, LockBackend, LockError,
-    LockName, WaitMechanism,
+    AcquireRequest, ExpiryClock, Guarantees, HolderInfo, Lease, LockBackend, LockError, LockName,
+    WaitMechanism,
 };
 use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
@@ -32,9 +32,6 @@ pub struct MigrateBackend {
     guarantees: Guarantees,
     /// Whether the target has answered once (its connection is set up).
     target_warm: AtomicBool,
-    /// Stamps the composite leases of `both`; in the other phases a side
-    /// stamps and checks its own.
-    issuer: Issuer,
 }
 
 /// Who holds a name on each side of a migration lock.
@@ -122,7 +119,6 @@ impl MigrateBackend {
             phase,
             guarantees,
             target_warm: AtomicBool::new(false),
-            issuer: Issuer::new(),
         }
     }
 
@@ -360,7 +356,7 @@ impl LockBackend for MigrateBackend {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         match self.only() {
             Some(side) => side.try_acquire(req).await,
-            None => self.issuer.stamp(self.take_both(req, false).await),
+            None => self.take_both(req, false).await,
         }
     }
 
@@ -380,7 +376,7 @@ impl LockBackend for MigrateBackend {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         match self.only() {
             Some(side) => side.acquire(req).await,
-            None => self.issuer.stamp(self.take_both(req, true).await),
+            None => self.take_both(req, true).await,
         }
     }
 
@@ -395,7 +391,6 @@ impl LockBackend for MigrateBackend {
         if let Some(side) = self.only() {
             return side.renew(lease).await;
         }
-        self.issuer.check(lease)?;
         let (legacy, target) = self.split(lease)?;
         let (l, t) =
             futures::future::join(self.legacy.renew(&legacy), self.target.renew(&target)).await;
@@ -449,7 +444,6 @@ impl LockBackend for MigrateBackend {
         if let Some(side) = self.only() {
             return side.release(lease).await;
         }
-        self.issuer.check(lease)?;
         let (legacy, target) = self.split(lease)?;
         // Stops the task watching the sides' revocation signals when this
         // release ends, also when it is dropped half-way.

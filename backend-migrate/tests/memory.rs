@@ -9,7 +9,7 @@ use backend_migrate::{MigrateBackend, Phase};
 use conformance::fixture::Fixture;
 use lock_core::{Guarantees, LockBackend, LockError, MemoryBackend};
 
-/// Clients of one legacy and one target table (each a new client of both).
+/// Clients of one legacy and one target table (clones share a table).
 struct Tables {
     legacy: MemoryBackend,
     target: MemoryBackend,
@@ -19,8 +19,8 @@ struct Tables {
 impl Tables {
     fn backend(&self) -> MigrateBackend {
         MigrateBackend::new(
-            Arc::new(self.legacy.new_client()),
-            Arc::new(self.target.new_client()),
+            Arc::new(self.legacy.clone()),
+            Arc::new(self.target.clone()),
             self.phase,
         )
     }
@@ -50,6 +50,6 @@ fn every_case_passes_in_every_phase_over_two_memory_tables() {
             "{phase:?}: two memory tables can list, count waiters and keep metadata: {g:?}"
         );
         eprintln!("phase {phase:?}");
-        conformance::harness::assert_every_case_passes(Arc::new(fixture), 34);
+        conformance::harness::assert_every_case_passes(Arc::new(fixture), 33);
     }
 }

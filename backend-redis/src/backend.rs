@@ -10,8 +10,7 @@ use lock_core::turns::{Turn, Turns};
 use lock_core::wait::{acquire_loop, Backoff};
 use lock_core::{
     validate_list, AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees,
-    HolderInfo, HolderMeta, Issuer, Lease, LockBackend, LockError, LockName, OwnerToken,
-    WaitMechanism,
+    HolderInfo, HolderMeta, Lease, LockBackend, LockError, LockName, OwnerToken, WaitMechanism,
 };
 use tokio::time::Instant;
 
@@ -195,7 +194,6 @@ struct Inner {
     /// that cleanup has run, so it is never the grant taken over, nor the
     /// one the cleanup then frees.
     turns: Turns,
-    issuer: Issuer,
 }
 
 /// How many unanswered attempts a client remembers.
@@ -367,7 +365,6 @@ impl RedisBackend {
                 foreign_wake,
                 unanswered: Mutex::default(),
                 turns: Turns::default(),
-                issuer: Issuer::new(),
             }),
         };
         tracing::info!(
@@ -1247,10 +1244,10 @@ impl LockBackend for RedisBackend {
         let turn = self.turn(req).await;
         let attempt = self.attempt(req, id.as_deref().map(|id| (id, false))).await;
         drop(turn);
-        self.inner.issuer.stamp(attempt.map(|a| match a {
+        Ok(match attempt? {
             Attempt::Acquired(lease) => Some(lease),
             Attempt::Held { .. } => None,
-        }))
+        })
     }
 
     /// Tries once; if the lock is held, subscribes to its release channel
@@ -1279,7 +1276,7 @@ impl LockBackend for RedisBackend {
     /// [`try_acquire`](LockBackend::try_acquire).
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         if !self.inner.config.fair {
-            return self.inner.issuer.stamp(self.wait_for(req, None).await);
+            return self.wait_for(req, None).await;
         }
         let mut entry = QueueEntry::new(self.clone(), self.key_set(&req.name)?);
         let r = self.wait_for(req, Some(&entry.id)).await;
@@ -1290,7 +1287,7 @@ impl LockBackend for RedisBackend {
             _ if req.wait.is_zero() => entry.disarm(),
             _ => entry.leave().await,
         }
-        self.inner.issuer.stamp(r)
+        r
     }
 
     /// Compare-owner-and-`PEXPIRE`, by script.
@@ -1299,7 +1296,6 @@ impl LockBackend for RedisBackend {
     /// Cancel safe: a dropped renew either extended the lease or did not;
     /// the old lease's deadline stays valid either way.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.inner.issuer.check(lease)?;
         let keys = self.key_set(lease.name())?;
         let (_, ttl_ms) = self.guarantees().granted_ttl(lease.renewal_ttl(), PX_UNIT);
         let holder = self.inner.layout.holder(lease.owner());
@@ -1337,9 +1333,6 @@ impl LockBackend for RedisBackend {
     /// Cancel safe, as [`renew`](LockBackend::renew): each lease was
     /// extended or not, and its old deadline stays valid either way.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
-        if self.inner.issuer.any_foreign(leases) {
-            return lock_core::renew_each(self, leases).await;
-        }
         renew_chunked(
             leases,
             |n| self.key_set(n),
@@ -1356,7 +1349,6 @@ impl LockBackend for RedisBackend {
     /// Cancel safe: a dropped release either happened or did not; the lock
     /// then expires at its TTL.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        self.inner.issuer.check(lease)?;
         let keys = self.key_set(lease.name())?;
         let holder = self.inner.layout.holder(lease.owner());
         let fair = self.inner.config.fair;

@@ -10,8 +10,8 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use lock_core::wait::{Backoff, Pacer};
 use lock_core::{
-    AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Issuer,
-    Lease, LockBackend, LockError, LockName, WaitMechanism,
+    AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Lease,
+    LockBackend, LockError, LockName, WaitMechanism,
 };
 use tokio::sync::Notify;
 use tokio::time::{sleep, sleep_until, Instant};
@@ -131,8 +131,6 @@ impl fmt::Debug for ZkBackend {
 
 struct Inner {
     config: ZkConfig,
-    /// Stamps this client's leases; renew and release refuse others'.
-    issuer: Issuer,
     sessions: Sessions,
     /// Holdings of this client by node path, in expiry order too.
     held: Mutex<Holdings>,
@@ -188,7 +186,6 @@ impl ZkBackend {
     pub fn new(config: ZkConfig) -> Self {
         ZkBackend {
             inner: Arc::new(Inner {
-                issuer: Issuer::new(),
                 config,
                 sessions: Sessions::default(),
                 held: Mutex::default(),
@@ -1071,7 +1068,7 @@ impl LockBackend for ZkBackend {
             wait: Duration::ZERO,
             ..req.clone()
         };
-        self.inner.issuer.stamp(self.contend(&one).await)
+        self.contend(&one).await
     }
 
     /// Queues a node and waits for the predecessor's deletion (a watch on
@@ -1091,7 +1088,7 @@ impl LockBackend for ZkBackend {
                 Err(e) if e.is_retryable() && Instant::now() < deadline => {
                     pacer.pause_until(deadline).await;
                 }
-                other => return self.inner.issuer.stamp(other),
+                other => return other,
             }
         }
     }
@@ -1102,9 +1099,6 @@ impl LockBackend for ZkBackend {
     /// # Cancel safety
     /// Cancel safe: the expiry moves only once the read answered.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        // Before the batch, which renews a batch with a foreign lease
-        // through this method, one lease at a time.
-        self.inner.issuer.check(lease)?;
         let mut answers = self.renew_many(std::slice::from_ref(lease)).await;
         answers
             .pop()
@@ -1120,9 +1114,6 @@ impl LockBackend for ZkBackend {
     /// # Cancel safety
     /// Cancel safe: a lease's expiry moves only once its read answered.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
-        if self.inner.issuer.any_foreign(leases) {
-            return lock_core::renew_each(self, leases).await;
-        }
         let mut answers: Vec<Option<Result<Lease, LockError>>> =
             leases.iter().map(|_| None).collect();
         // The leases of each session, by their place in `leases`.
@@ -1159,7 +1150,6 @@ impl LockBackend for ZkBackend {
     /// Cancel safe: the node is deleted or not; an undeleted one expires at
     /// the lease's TTL.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        self.inner.issuer.check(lease)?;
         let lost = || LockError::Lost {
             name: lease.name().to_string(),
         };

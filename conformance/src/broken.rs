@@ -252,7 +252,7 @@ impl BrokenFixture {
 
     fn broken(&self, latency: Duration) -> Arc<dyn LockBackend> {
         Arc::new(Broken {
-            inner: self.table.new_client(),
+            inner: self.table.clone(),
             flaw: self.flaw,
             latency,
         })

@@ -112,20 +112,6 @@ impl AcquireRequest {
     }
 }
 
-/// Renews each of `leases` by its own [`renew`](LockBackend::renew), all
-/// at once, answering in order: the default `renew_many`, and a batching
-/// backend's answer to a batch it will not send as one (one with a lease
-/// another client issued, [`Issuer::any_foreign`](crate::Issuer::any_foreign)).
-///
-/// # Cancel safety
-/// Cancel safe, as `renew`.
-pub async fn renew_each<B: LockBackend + ?Sized>(
-    backend: &B,
-    leases: &[Lease],
-) -> Vec<Result<Lease, LockError>> {
-    futures::future::join_all(leases.iter().map(|l| backend.renew(l))).await
-}
-
 /// Refuses a TTL of zero or above [`MAX_TTL`].
 pub fn validate_ttl(ttl: Duration) -> Result<(), LockError> {
     if ttl.is_zero() {
@@ -245,7 +231,7 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// Cancel safe, as [`renew`](LockBackend::renew): each lease was extended
     /// or not, and its old deadline stays valid either way.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
-        renew_each(self, leases).await
+        futures::future::join_all(leases.iter().map(|l| self.renew(l))).await
     }
 
     /// Compare-owner-and-delete. Releasing a lease that is already released

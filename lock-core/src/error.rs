@@ -11,8 +11,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 ///
 /// Input errors ([`InvalidName`](LockError::InvalidName),
 /// [`InvalidTtl`](LockError::InvalidTtl), [`InvalidWait`](LockError::InvalidWait),
-/// [`Config`](LockError::Config), [`ForeignLease`](LockError::ForeignLease))
-/// are raised before any I/O. Messages never
+/// [`Config`](LockError::Config)) are raised before any I/O. Messages never
 /// contain secrets: backends redact passwords before building a `Config` or
 /// `Backend` error.
 #[derive(Debug, thiserror::Error)]
@@ -62,17 +61,6 @@ pub enum LockError {
     /// lease presented by another owner).
     #[error("lock {name:?} is not held by this owner")]
     NotHeld {
-        /// The lock name.
-        name: String,
-    },
-    /// The lease was granted by another client: renew and release it
-    /// through the client that acquired it (or a clone of it). Raised
-    /// before any I/O; the lock is not touched.
-    #[error(
-        "the lease of lock {name:?} was granted by another client: renew or release it \
-         through the client that acquired it"
-    )]
-    ForeignLease {
         /// The lock name.
         name: String,
     },

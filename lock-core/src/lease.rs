@@ -7,7 +7,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::LockError;
-use crate::issuer::Issuer;
 use crate::name::LockName;
 use crate::token::{FencingToken, OwnerToken};
 
@@ -128,7 +127,6 @@ pub struct Lease {
     policy: ClockPolicy,
     key: Option<Arc<str>>,
     revoked: Option<CancellationToken>,
-    issuer: Option<Issuer>,
 }
 
 impl Lease {
@@ -153,7 +151,6 @@ impl Lease {
             policy,
             key: None,
             revoked: None,
-            issuer: None,
         }
     }
 
@@ -175,19 +172,6 @@ impl Lease {
     pub fn with_renewal_ttl(mut self, ttl: Duration) -> Self {
         self.renewal_ttl = ttl;
         self
-    }
-
-    /// Marks the lease as granted by the client `issuer` identifies, which
-    /// then alone renews and releases it ([`Issuer`]). Backends call it
-    /// through [`Issuer::stamp`].
-    pub fn issued_by(mut self, issuer: Issuer) -> Self {
-        self.issuer = Some(issuer);
-        self
-    }
-
-    /// The client that granted this lease, if it said ([`issued_by`](Lease::issued_by)).
-    pub fn issuer(&self) -> Option<Issuer> {
-        self.issuer
     }
 
     /// Attaches a signal the backend fires when it learns, on its own, that

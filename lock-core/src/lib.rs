@@ -3,8 +3,7 @@
 //! - [`LockBackend`]: what every lock service implements (one attempt, a
 //!   wait, renew, release, inspect, and its [`Guarantees`] as data).
 //! - [`Lease`], [`FencingToken`], [`OwnerToken`], [`LockName`]: the values
-//!   that cross that contract, validated once here. A lease is renewed and
-//!   released only through the client that granted it ([`Issuer`]).
+//!   that cross that contract, validated once here.
 //! - [`Locker`], [`LockGuard`]: the API applications use. `acquire()` waits
 //!   until it holds the lock (`.wait(d)` bounds it, `try_acquire()` never
 //!   waits); a watchdog renews at a third of the TTL for as long as the
@@ -33,7 +32,6 @@ mod error;
 mod guarantees;
 mod guard;
 mod held;
-mod issuer;
 mod lease;
 mod locker;
 mod memory;
@@ -49,13 +47,12 @@ pub mod wait;
 mod watchdog;
 
 pub use backend::{
-    renew_each, validate_list, validate_ttl, validate_wait, AcquireRequest, HolderInfo,
-    LockBackend, MAX_LIST, MAX_TTL, MAX_WAIT,
+    validate_list, validate_ttl, validate_wait, AcquireRequest, HolderInfo, LockBackend, MAX_LIST,
+    MAX_TTL, MAX_WAIT,
 };
 pub use error::{BoxError, LockError, Result};
 pub use guarantees::{ExpiryClock, FencingGuarantee, Guarantees, WaitMechanism};
 pub use guard::LockGuard;
-pub use issuer::Issuer;
 pub use lease::{ClockPolicy, Lease};
 pub use locker::{LockBuilder, Locker, RunOutcome, DEFAULT_TTL};
 pub use memory::MemoryBackend;

@@ -12,7 +12,6 @@ use tokio::time::Instant;
 use crate::backend::{validate_list, AcquireRequest, HolderInfo, LockBackend};
 use crate::error::LockError;
 use crate::guarantees::{ExpiryClock, FencingGuarantee, Guarantees, WaitMechanism};
-use crate::issuer::Issuer;
 use crate::lease::Lease;
 use crate::meta::HolderMeta;
 use crate::name::LockName;
@@ -38,9 +37,6 @@ use crate::wait::{acquire_loop, Backoff};
 #[derive(Clone, Debug, Default)]
 pub struct MemoryBackend {
     inner: Arc<Inner>,
-    /// Which client of the table this is: clones are the same client,
-    /// [`new_client`](MemoryBackend::new_client) makes another.
-    issuer: Issuer,
 }
 
 #[derive(Debug, Default)]
@@ -102,33 +98,6 @@ impl MemoryBackend {
         Self::default()
     }
 
-    /// Another client of the same lock table, as a second process would be
-    /// of a lock server: it contends for the same locks, and it renews and
-    /// releases only the leases it granted (a clone is the same client).
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// use std::time::Duration;
-    /// use lock_core::{AcquireRequest, LockBackend, LockError, LockName, MemoryBackend, OwnerToken};
-    /// let a = MemoryBackend::new();
-    /// let b = a.new_client();
-    /// let req = AcquireRequest::new(
-    ///     LockName::new("job").unwrap(), OwnerToken::random(), Duration::from_secs(5), Duration::ZERO,
-    /// ).unwrap();
-    /// let lease = a.try_acquire(&req).await.unwrap().expect("free");
-    /// assert!(b.try_acquire(&req).await.unwrap().is_none(), "held through a");
-    /// assert!(matches!(b.release(&lease).await, Err(LockError::ForeignLease { .. })));
-    /// a.release(&lease).await.unwrap();
-    /// # }
-    /// ```
-    pub fn new_client(&self) -> MemoryBackend {
-        MemoryBackend {
-            inner: Arc::clone(&self.inner),
-            issuer: Issuer::new(),
-        }
-    }
-
     fn table(&self) -> MutexGuard<'_, Table> {
         // A panic while holding this mutex cannot leave the table half
         // updated (every mutation is a single insert or remove), so a
@@ -160,9 +129,7 @@ impl LockBackend for MemoryBackend {
                 meta: req.meta.clone(),
             },
         );
-        Ok(Some(
-            req.lease(fence, req.ttl, sent_at).issued_by(self.issuer),
-        ))
+        Ok(Some(req.lease(fence, req.ttl, sent_at)))
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
@@ -192,7 +159,6 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.issuer.check(lease)?;
         let sent_at = Instant::now();
         let mut t = self.table();
         match t.live(lease.name(), sent_at) {
@@ -207,7 +173,6 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        self.issuer.check(lease)?;
         let now = Instant::now();
         let mut t = self.table();
         // Someone else was granted the lock since this lease was (a higher

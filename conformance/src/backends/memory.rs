@@ -16,7 +16,7 @@ impl Fixture for MemoryFixture {
         self.0.guarantees()
     }
     async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        Ok(Arc::new(self.0.new_client()))
+        Ok(Arc::new(self.0.clone()))
     }
 }
 
