@@ -63,8 +63,8 @@
 //!   counter is above the lease's token (`redlock_release.lua`: a node
 //!   that granted the attempt after its counter was re-seeded, its answer
 //!   not counted; the value carries the attempt's nonce, so the key can
-//!   be nobody else's). A majority released, or no node was granted to anyone since (the
-//!   lease expired untouched): `Ok`. Fewer released and a node was granted
+//!   be nobody else's). A majority released, or no node was granted to
+//!   anyone since (the lease expired untouched): `Ok`. Fewer released and a node was granted
 //!   to someone else since: `Lost`. Too few nodes answered to tell: a
 //!   retryable error.
 //!
