@@ -4,7 +4,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::ports::try_free_port;
+use crate::ports::{on_fresh_ports, try_free_port};
 use crate::process::{find_binary, server_controls, tcp_exchange, CommandSpec, ServerProcess};
 
 /// A single member is ready in under a second; three members elect a leader
@@ -75,7 +75,13 @@ server_controls!(EtcdServer, member.process);
 
 impl EtcdServer {
     /// Starts one member and waits until `/health` reports `"health":"true"`.
+    /// Tried again on fresh ports when another process took one first
+    /// (ports.rs, `on_fresh_ports`).
     pub fn start() -> Result<EtcdServer> {
+        on_fresh_ports(Self::start_once)
+    }
+
+    fn start_once() -> Result<EtcdServer> {
         let mut members = spawn_members(1)?;
         let member = members.pop().ok_or_else(|| Error::InvalidState {
             what: "etcd".to_owned(),

@@ -8,7 +8,7 @@ use nix::unistd::Uid;
 
 use crate::clock::FakeClock;
 use crate::error::{Error, Result};
-use crate::ports::try_free_port;
+use crate::ports::{on_fresh_ports, try_free_port};
 use crate::process::{find_binary, server_controls, tcp_exchange, CommandSpec, ServerProcess};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -55,7 +55,13 @@ impl MariaDbServer {
         Self::start_inner(Some(clock))
     }
 
+    /// Tried again on fresh ports when another process took this one
+    /// first (ports.rs, `on_fresh_ports`).
     fn start_inner(clock: Option<&FakeClock>) -> Result<MariaDbServer> {
+        on_fresh_ports(|| Self::start_once(clock))
+    }
+
+    fn start_once(clock: Option<&FakeClock>) -> Result<MariaDbServer> {
         let install_db = find_binary("mariadb-install-db", "mariadb-server", &[])?;
         let mariadbd = find_binary("mariadbd", "mariadb-server", &[])?;
         let client = find_binary("mariadb", "mariadb-client", &[])?;

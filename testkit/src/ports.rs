@@ -37,6 +37,10 @@ pub fn free_port() -> u16 {
 
 /// Like [`free_port`], but returns an error instead of panicking.
 pub fn try_free_port() -> Result<u16> {
+    #[cfg(test)]
+    if let Some(port) = tests::TAKEN_NEXT.with(std::cell::Cell::take) {
+        return Ok(port);
+    }
     let mut guard = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
     let handed_out = guard.get_or_insert_with(HashSet::new);
 
@@ -109,6 +113,56 @@ fn below_ephemeral_range() -> Option<(u16, u16)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{EtcdServer, MariaDbServer, PostgresServer, RedisServer, ZooKeeperServer};
+
+    thread_local! {
+        /// A port the next [`try_free_port`] of this thread returns as
+        /// free although it is not: another process's, as a server sees it
+        /// when that process bound it between our probe and the server's
+        /// own bind.
+        pub(super) static TAKEN_NEXT: std::cell::Cell<Option<u16>> =
+            const { std::cell::Cell::new(None) };
+    }
+
+    /// Starts a server whose first port is already bound by someone else:
+    /// the start must say so in its log, be tried again on a fresh port and
+    /// succeed there.
+    fn starts_past_a_taken_port<T>(start: impl FnOnce() -> Result<T>, port: impl Fn(&T) -> u16) {
+        let squatter = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a port");
+        let taken = squatter.local_addr().expect("local addr").port();
+        TAKEN_NEXT.with(|t| t.set(Some(taken)));
+        let server = start().unwrap_or_else(|e| panic!("start past a taken port: {e}"));
+        assert!(
+            TAKEN_NEXT.with(std::cell::Cell::get).is_none(),
+            "the start never drew a port"
+        );
+        assert_ne!(port(&server), taken, "started on the taken port");
+    }
+
+    #[test]
+    fn redis_starts_again_when_its_port_was_taken() {
+        starts_past_a_taken_port(RedisServer::start, RedisServer::port);
+    }
+
+    #[test]
+    fn postgres_starts_again_when_its_port_was_taken() {
+        starts_past_a_taken_port(PostgresServer::start, PostgresServer::port);
+    }
+
+    #[test]
+    fn mariadb_starts_again_when_its_port_was_taken() {
+        starts_past_a_taken_port(MariaDbServer::start, MariaDbServer::port);
+    }
+
+    #[test]
+    fn zookeeper_starts_again_when_its_port_was_taken() {
+        starts_past_a_taken_port(ZooKeeperServer::start, ZooKeeperServer::port);
+    }
+
+    #[test]
+    fn etcd_starts_again_when_its_port_was_taken() {
+        starts_past_a_taken_port(EtcdServer::start, EtcdServer::port);
+    }
 
     /// A start whose server lost its port is tried again, a few times;
     /// any other failure, and success, are returned as they are.

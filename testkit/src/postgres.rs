@@ -11,7 +11,7 @@ use nix::unistd::{Uid, User};
 
 use crate::clock::FakeClock;
 use crate::error::{Error, Result};
-use crate::ports::try_free_port;
+use crate::ports::{on_fresh_ports, try_free_port};
 use crate::process::{find_binary, run_with_timeout, server_controls, CommandSpec, ServerProcess};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -62,7 +62,13 @@ impl PostgresServer {
         Self::start_inner(true, None)
     }
 
+    /// Tried again on fresh ports when another process took this one
+    /// first (ports.rs, `on_fresh_ports`).
     fn start_inner(tls: bool, clock: Option<&FakeClock>) -> Result<PostgresServer> {
+        on_fresh_ports(|| Self::start_once(tls, clock))
+    }
+
+    fn start_once(tls: bool, clock: Option<&FakeClock>) -> Result<PostgresServer> {
         let bin_dirs = versioned_bin_dirs();
         let initdb = find_binary("initdb", "postgresql", &bin_dirs)?;
         let postgres = find_binary("postgres", "postgresql", &bin_dirs)?;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::clock::FakeClock;
 use crate::error::{Error, Result};
-use crate::ports::try_free_port;
+use crate::ports::{on_fresh_ports, try_free_port};
 use crate::process::{
     find_binary, require_file, server_controls, tcp_exchange, CommandSpec, ServerProcess,
 };
@@ -51,7 +51,13 @@ impl ZooKeeperServer {
         Self::start_inner(Some(clock))
     }
 
+    /// Tried again on fresh ports when another process took this one
+    /// first (ports.rs, `on_fresh_ports`).
     fn start_inner(clock: Option<&FakeClock>) -> Result<ZooKeeperServer> {
+        on_fresh_ports(|| Self::start_once(clock))
+    }
+
+    fn start_once(clock: Option<&FakeClock>) -> Result<ZooKeeperServer> {
         let port = try_free_port()?;
         let dir = temp_dir()?;
         let spec = server_spec(dir.path(), port, None, STANDALONE_MAIN)?

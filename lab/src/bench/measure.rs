@@ -52,7 +52,7 @@ pub struct Cycle {
     pub round_means_us: RoundMeans,
 }
 
-/// Mean µs per cycle of each round of [`cycle`], per side.
+/// Mean µs per cycle of each round of `cycle` (this module), per side.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RoundMeans {
     /// Through the `Locker`.
@@ -78,7 +78,7 @@ impl RoundMeans {
     }
 }
 
-/// The three sides of [`cycle`].
+/// The three sides of `cycle` (this module).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Side {
     Polylock,
