@@ -1,8 +1,9 @@
 //! What a holder is told about its own holding: a release or renew after
 //! someone else was granted the lock says `Lost`; a retried acquire takes
 //! back the row its own timed-out attempt took; waiters cannot starve the
-//! holder's renewals; statements go out without a ping first, and stale
-//! pooled connections are replaced without surfacing an error.
+//! holder's renewals; statements go out without a ping first, stale
+//! pooled connections are replaced without surfacing an error, and SQLite's
+//! deadlines count from before its busy wait.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -761,4 +762,69 @@ async fn postgres_lease_operations_of_a_fresh_client_open_no_connection() {
 async fn mariadb_lease_operations_of_a_fresh_client_open_no_connection() {
     let m = tokio::task::spawn_blocking(common::maria).await.unwrap();
     lease_operations_of_a_fresh_client_open_no_connection(m.url(), m.port()).await;
+}
+
+/// SQLite has no wire to delay, but its writes can wait: while another
+/// connection holds the file's write lock, an acquire and a renew sleep in
+/// SQLite's busy handler. Their local deadlines are still counted from
+/// before the statement was issued, never from its return, so they can
+/// only come early (the conformance case checks the same on the networked
+/// databases through a proxy that delays every reply).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_deadlines_are_counted_from_before_a_busy_wait() {
+    let db = common::sqlite();
+    let client = db.client().await;
+    let name = unique("busy");
+    let ttl = Duration::from_secs(5);
+    let blocked = Duration::from_millis(300);
+    // Scheduling noise between the statement's start and our clock read.
+    let noise = Duration::from_millis(10);
+    // The first acquire creates the table; the raw writer needs it there.
+    let first = try_once(&client, &name, ttl).await.expect("free");
+    client.release(&first).await.expect("release");
+
+    let writer = |mut raw: sqlx::AnyConnection| async move {
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut raw)
+            .await
+            .expect("take the write lock");
+        tokio::spawn(async move {
+            sleep(blocked).await;
+            sqlx::query("COMMIT")
+                .execute(&mut raw)
+                .await
+                .expect("commit");
+        })
+    };
+
+    let held = writer(raw_connection(&db.base).await).await;
+    let started = Instant::now();
+    let lease = try_once(&client, &name, ttl)
+        .await
+        .expect("free once the writer commits");
+    let waited = started.elapsed();
+    held.await.expect("writer");
+    assert!(waited >= blocked, "the acquire did not wait: {waited:?}");
+    let latest = lease.policy().deadline(started, lease.ttl()) + noise;
+    assert!(
+        lease.deadline() <= latest,
+        "acquire: the deadline is {:?} later than one counted from the call \
+         ({waited:?} spent waiting for the write lock)",
+        lease.deadline() - latest + noise
+    );
+
+    let held = writer(raw_connection(&db.base).await).await;
+    let started = Instant::now();
+    let renewed = client.renew(&lease).await.expect("renew");
+    let waited = started.elapsed();
+    held.await.expect("writer");
+    assert!(waited >= blocked, "the renew did not wait: {waited:?}");
+    let latest = renewed.policy().deadline(started, renewed.ttl()) + noise;
+    assert!(
+        renewed.deadline() <= latest,
+        "renew: the deadline is {:?} later than one counted from the call \
+         ({waited:?} spent waiting for the write lock)",
+        renewed.deadline() - latest + noise
+    );
+    client.release(&renewed).await.expect("release");
 }

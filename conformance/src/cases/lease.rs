@@ -149,6 +149,14 @@ fn freed_soon_after_the_ttl(ctx: &Ctx<'_>, freed_after: Duration, ttl: Duration)
 /// the reply arrived: with every byte delayed (the test kit's proxy, where
 /// the fixture has one), the deadline of an acquire and of a renew is no
 /// later than `reply time - delay + ttl * (1 - drift) - margin`.
+///
+/// Where the fixture has no such proxy, the replies come undelayed and the
+/// case checks only the drift margin: the in-memory backend (no wire),
+/// SQLite (no wire either; backend-sql's
+/// `sqlite_deadlines_are_counted_from_before_a_busy_wait` delays it by
+/// holding the file's write lock instead) and Redis Cluster (its clients
+/// learn node addresses from the cluster and would bypass a proxy; the
+/// single-server Redis fixtures run the same code behind one).
 pub(crate) async fn deadline_is_counted_from_the_send(ctx: &Ctx<'_>) {
     let name = ctx.name("send-time");
     let ttl = ctx.ttl(Duration::from_secs(3));
