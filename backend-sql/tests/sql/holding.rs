@@ -764,6 +764,25 @@ async fn mariadb_lease_operations_of_a_fresh_client_open_no_connection() {
     lease_operations_of_a_fresh_client_open_no_connection(m.url(), m.port()).await;
 }
 
+/// Takes SQLite's write lock on `raw` now and gives it back after
+/// `blocked`; the returned task ends then.
+async fn hold_the_write_lock(
+    mut raw: sqlx::AnyConnection,
+    blocked: Duration,
+) -> tokio::task::JoinHandle<()> {
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut raw)
+        .await
+        .expect("take the write lock");
+    tokio::spawn(async move {
+        sleep(blocked).await;
+        sqlx::query("COMMIT")
+            .execute(&mut raw)
+            .await
+            .expect("commit");
+    })
+}
+
 /// SQLite has no wire to delay, but its writes can wait: while another
 /// connection holds the file's write lock, an acquire and a renew sleep in
 /// SQLite's busy handler. Their local deadlines are still counted from
@@ -783,21 +802,7 @@ async fn sqlite_deadlines_are_counted_from_before_a_busy_wait() {
     let first = try_once(&client, &name, ttl).await.expect("free");
     client.release(&first).await.expect("release");
 
-    let writer = |mut raw: sqlx::AnyConnection| async move {
-        sqlx::query("BEGIN IMMEDIATE")
-            .execute(&mut raw)
-            .await
-            .expect("take the write lock");
-        tokio::spawn(async move {
-            sleep(blocked).await;
-            sqlx::query("COMMIT")
-                .execute(&mut raw)
-                .await
-                .expect("commit");
-        })
-    };
-
-    let held = writer(raw_connection(&db.base).await).await;
+    let held = hold_the_write_lock(raw_connection(&db.base).await, blocked).await;
     let started = Instant::now();
     let lease = try_once(&client, &name, ttl)
         .await
@@ -813,7 +818,7 @@ async fn sqlite_deadlines_are_counted_from_before_a_busy_wait() {
         lease.deadline() - latest + noise
     );
 
-    let held = writer(raw_connection(&db.base).await).await;
+    let held = hold_the_write_lock(raw_connection(&db.base).await, blocked).await;
     let started = Instant::now();
     let renewed = client.renew(&lease).await.expect("renew");
     let waited = started.elapsed();
