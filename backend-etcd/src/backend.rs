@@ -9,7 +9,7 @@ use etcd_client::{Client, ConnectOptions};
 use futures::{StreamExt, TryStreamExt};
 use lock_core::{
     AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Lease,
-    LockBackend, LockError, LockName, WaitMechanism,
+    LockBackend, LockError, LockName, LockSpace, WaitMechanism,
 };
 use tokio::time::{sleep, sleep_until, timeout_at, Instant};
 
@@ -89,6 +89,9 @@ pub struct EtcdBackend {
 
 struct Inner {
     config: EtcdConfig,
+    /// The lock space stamped on this client's leases; renew and release
+    /// refuse another space's.
+    space: LockSpace,
     conn: Conn,
     sessions: Mutex<Vec<Arc<Session>>>,
     /// One grant at a time, so concurrent first acquisitions share it.
@@ -244,6 +247,7 @@ impl EtcdBackend {
         let conn = Conn::new(&client, config.op_timeout());
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
+                space: LockSpace::named(&["etcd", config.prefix()]),
                 config,
                 watches: Watches::new(conn.clone(), crate::watch::LINGER),
                 conn,
@@ -712,7 +716,7 @@ impl LockBackend for EtcdBackend {
         let Some(slot) = self.inner.slots.try_take(&req.name) else {
             return Ok(None);
         };
-        self.attempt(req, slot, None).await
+        self.inner.space.stamp(self.attempt(req, slot, None).await)
     }
 
     /// Queues a claim and watches the deletion of the claim just before it
@@ -740,7 +744,7 @@ impl LockBackend for EtcdBackend {
                     tracing::debug!(name = %req.name, error = %e, "polylock: etcd acquire failed; retrying until the wait ends");
                     pacer.pause_until(deadline).await;
                 }
-                other => return other,
+                other => return self.inner.space.stamp(other),
             }
         }
     }
@@ -755,6 +759,7 @@ impl LockBackend for EtcdBackend {
     /// Cancel safe: read only, apart from a keepalive the session sends
     /// anyway.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.inner.space.check(lease)?;
         let lost = || LockError::Lost {
             name: lease.name().to_string(),
         };
@@ -799,6 +804,9 @@ impl LockBackend for EtcdBackend {
     /// Cancel safe: read only, apart from keepalives the sessions send
     /// anyway.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        if self.inner.space.any_foreign(leases) {
+            return lock_core::renew_each(self, leases).await;
+        }
         let lost = |lease: &Lease| LockError::Lost {
             name: lease.name().to_string(),
         };
@@ -898,6 +906,7 @@ impl LockBackend for EtcdBackend {
     /// release dropped (or failed) after sending counts as released for a
     /// second release.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        self.inner.space.check(lease)?;
         let until = lease.deadline().min(Instant::now() + RELEASE_RETRY);
         loop {
             match self.release_once(lease).await {
@@ -993,6 +1002,12 @@ impl LockBackend for EtcdBackend {
             }
             // The holder changed between the read and the delete: look again.
         }
+    }
+
+    /// See [`LockSpace`]: leases of another space are refused before any
+    /// I/O.
+    fn lock_space(&self) -> Option<LockSpace> {
+        Some(self.inner.space)
     }
 
     fn guarantees(&self) -> Guarantees {

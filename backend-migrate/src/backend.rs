@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::{
     AcquireRequest, ExpiryClock, Guarantees, HolderInfo, Lease, LockBackend, LockError, LockName,
-    WaitMechanism,
+    LockSpace, WaitMechanism,
 };
 use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
@@ -32,6 +32,11 @@ pub struct MigrateBackend {
     guarantees: Guarantees,
     /// Whether the target has answered once (its connection is set up).
     target_warm: AtomicBool,
+    /// The lock space of the composite leases of `both`, made of the two
+    /// sides' (`None` when a side stamps nothing: the sides then judge
+    /// their own halves); in the other phases a side stamps and checks its
+    /// own.
+    space: Option<LockSpace>,
 }
 
 /// Who holds a name on each side of a migration lock.
@@ -113,12 +118,17 @@ impl MigrateBackend {
     /// A migration lock over `legacy` and `target` in `phase`.
     pub fn new(legacy: Arc<dyn LockBackend>, target: Arc<dyn LockBackend>, phase: Phase) -> Self {
         let guarantees = guarantees(&legacy.guarantees(), &target.guarantees(), phase);
+        let space = legacy
+            .lock_space()
+            .zip(target.lock_space())
+            .map(|(l, t)| LockSpace::both(l, t));
         MigrateBackend {
             legacy,
             target,
             phase,
             guarantees,
             target_warm: AtomicBool::new(false),
+            space,
         }
     }
 
@@ -154,6 +164,22 @@ impl MigrateBackend {
     }
 
     /// The side a single-lock phase uses.
+    /// Stamps a composite lease of `both` with its lock space.
+    fn stamp(
+        &self,
+        acquired: Result<Option<Lease>, LockError>,
+    ) -> Result<Option<Lease>, LockError> {
+        match self.space {
+            Some(space) => space.stamp(acquired),
+            None => acquired,
+        }
+    }
+
+    /// Refuses a lease of another lock space than `both`'s, before any I/O.
+    fn check(&self, lease: &Lease) -> Result<(), LockError> {
+        self.space.map_or(Ok(()), |space| space.check(lease))
+    }
+
     fn only(&self) -> Option<&Arc<dyn LockBackend>> {
         match self.phase {
             Phase::Legacy => Some(&self.legacy),
@@ -356,7 +382,7 @@ impl LockBackend for MigrateBackend {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         match self.only() {
             Some(side) => side.try_acquire(req).await,
-            None => self.take_both(req, false).await,
+            None => self.stamp(self.take_both(req, false).await),
         }
     }
 
@@ -376,7 +402,7 @@ impl LockBackend for MigrateBackend {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         match self.only() {
             Some(side) => side.acquire(req).await,
-            None => self.take_both(req, true).await,
+            None => self.stamp(self.take_both(req, true).await),
         }
     }
 
@@ -391,6 +417,7 @@ impl LockBackend for MigrateBackend {
         if let Some(side) = self.only() {
             return side.renew(lease).await;
         }
+        self.check(lease)?;
         let (legacy, target) = self.split(lease)?;
         let (l, t) =
             futures::future::join(self.legacy.renew(&legacy), self.target.renew(&target)).await;
@@ -444,6 +471,7 @@ impl LockBackend for MigrateBackend {
         if let Some(side) = self.only() {
             return side.release(lease).await;
         }
+        self.check(lease)?;
         let (legacy, target) = self.split(lease)?;
         // Stops the task watching the sides' revocation signals when this
         // release ends, also when it is dropped half-way.
@@ -544,6 +572,14 @@ impl LockBackend for MigrateBackend {
                 self.legacy.wake_mode(),
                 self.target.wake_mode()
             ),
+        }
+    }
+
+    /// In `both`, the space made of the two sides'; otherwise the side's.
+    fn lock_space(&self) -> Option<LockSpace> {
+        match self.only() {
+            Some(side) => side.lock_space(),
+            None => self.space,
         }
     }
 

@@ -10,7 +10,8 @@ use lock_core::turns::{Turn, Turns};
 use lock_core::wait::{acquire_loop, Backoff};
 use lock_core::{
     validate_list, AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees,
-    HolderInfo, HolderMeta, Lease, LockBackend, LockError, LockName, OwnerToken, WaitMechanism,
+    HolderInfo, HolderMeta, Lease, LockBackend, LockError, LockName, LockSpace, OwnerToken,
+    WaitMechanism,
 };
 use tokio::time::Instant;
 
@@ -194,6 +195,9 @@ struct Inner {
     /// that cleanup has run, so it is never the grant taken over, nor the
     /// one the cleanup then frees.
     turns: Turns,
+    /// The lock space stamped on this client's leases (wire format,
+    /// database and key prefix); renew and release refuse another space's.
+    space: LockSpace,
 }
 
 /// How many unanswered attempts a client remembers.
@@ -354,6 +358,12 @@ impl RedisBackend {
         };
         let nodes = config.cluster.then(|| Nodes::new(&config));
         let foreign_wake = ForeignWake::detect(&config, &link, nodes.as_ref()).await;
+        let space = LockSpace::named(&[
+            "redis",
+            config.format.as_str(),
+            &config.db.to_string(),
+            &config.prefix,
+        ]);
         let backend = RedisBackend {
             inner: Arc::new(Inner {
                 config,
@@ -365,6 +375,7 @@ impl RedisBackend {
                 foreign_wake,
                 unanswered: Mutex::default(),
                 turns: Turns::default(),
+                space,
             }),
         };
         tracing::info!(
@@ -1244,10 +1255,10 @@ impl LockBackend for RedisBackend {
         let turn = self.turn(req).await;
         let attempt = self.attempt(req, id.as_deref().map(|id| (id, false))).await;
         drop(turn);
-        Ok(match attempt? {
+        self.inner.space.stamp(attempt.map(|a| match a {
             Attempt::Acquired(lease) => Some(lease),
             Attempt::Held { .. } => None,
-        })
+        }))
     }
 
     /// Tries once; if the lock is held, subscribes to its release channel
@@ -1276,7 +1287,7 @@ impl LockBackend for RedisBackend {
     /// [`try_acquire`](LockBackend::try_acquire).
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         if !self.inner.config.fair {
-            return self.wait_for(req, None).await;
+            return self.inner.space.stamp(self.wait_for(req, None).await);
         }
         let mut entry = QueueEntry::new(self.clone(), self.key_set(&req.name)?);
         let r = self.wait_for(req, Some(&entry.id)).await;
@@ -1287,7 +1298,7 @@ impl LockBackend for RedisBackend {
             _ if req.wait.is_zero() => entry.disarm(),
             _ => entry.leave().await,
         }
-        r
+        self.inner.space.stamp(r)
     }
 
     /// Compare-owner-and-`PEXPIRE`, by script.
@@ -1296,6 +1307,7 @@ impl LockBackend for RedisBackend {
     /// Cancel safe: a dropped renew either extended the lease or did not;
     /// the old lease's deadline stays valid either way.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.inner.space.check(lease)?;
         let keys = self.key_set(lease.name())?;
         let (_, ttl_ms) = self.guarantees().granted_ttl(lease.renewal_ttl(), PX_UNIT);
         let holder = self.inner.layout.holder(lease.owner());
@@ -1333,6 +1345,9 @@ impl LockBackend for RedisBackend {
     /// Cancel safe, as [`renew`](LockBackend::renew): each lease was
     /// extended or not, and its old deadline stays valid either way.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        if self.inner.space.any_foreign(leases) {
+            return lock_core::renew_each(self, leases).await;
+        }
         renew_chunked(
             leases,
             |n| self.key_set(n),
@@ -1349,6 +1364,7 @@ impl LockBackend for RedisBackend {
     /// Cancel safe: a dropped release either happened or did not; the lock
     /// then expires at its TTL.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        self.inner.space.check(lease)?;
         let keys = self.key_set(lease.name())?;
         let holder = self.inner.layout.holder(lease.owner());
         let fair = self.inner.config.fair;
@@ -1540,6 +1556,12 @@ impl LockBackend for RedisBackend {
         } else {
             format!("pub/sub for polylock releases; {foreign}")
         }
+    }
+
+    /// See [`LockSpace`]: leases of another space are refused before any
+    /// I/O.
+    fn lock_space(&self) -> Option<LockSpace> {
+        Some(self.inner.space)
     }
 
     fn guarantees(&self) -> Guarantees {

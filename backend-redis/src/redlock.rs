@@ -114,7 +114,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use lock_core::wait::{acquire_loop, Backoff};
 use lock_core::{
     AcquireRequest, ClockPolicy, ExpiryClock, FencingGuarantee, FencingToken, Guarantees,
-    HolderInfo, Lease, LockBackend, LockError, LockName, OwnerToken, WaitMechanism,
+    HolderInfo, Lease, LockBackend, LockError, LockName, LockSpace, OwnerToken, WaitMechanism,
 };
 use redis::{FromRedisValue, Script, ScriptInvocation};
 use tokio::sync::OnceCell;
@@ -368,6 +368,9 @@ struct Inner {
     /// release publishes on every node it held, so a waiter subscribed on
     /// all of them hears it from any node of the holder's majority.
     subscribers: Vec<Subscriber>,
+    /// The lock space stamped on this client's leases (Redlock and the
+    /// key prefix); renew and release refuse another space's.
+    space: LockSpace,
 }
 
 impl fmt::Debug for RedlockBackend {
@@ -502,7 +505,8 @@ impl RedlockBackend {
             return Err(LockError::transient(REDLOCK, RedisFailure(text)));
         }
         tracing::info!(url = %config.redacted_url(), nodes = nodes.len(), answered = tally.ok, "polylock redlock: connected");
-        let layout = plain_layout(config.nodes[0].prefix.clone());
+        let layout_prefix = config.nodes[0].prefix.clone();
+        let layout = plain_layout(layout_prefix.clone());
         let subscribers = nodes
             .iter()
             .map(|n| {
@@ -517,6 +521,7 @@ impl RedlockBackend {
                 layout,
                 nodes,
                 subscribers,
+                space: LockSpace::named(&["redlock", &layout_prefix]),
             }),
         })
     }
@@ -897,7 +902,7 @@ impl LockBackend for RedlockBackend {
     /// may be taken on some nodes with nobody holding the lease; they free
     /// it at its TTL.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
-        self.attempt(req).await
+        self.inner.space.stamp(self.attempt(req).await)
     }
 
     /// Attempts until one succeeds or `req.wait` runs out. After a first
@@ -915,154 +920,39 @@ impl LockBackend for RedlockBackend {
     /// the lock if the round won it. A drop during the first attempt is like
     /// dropping [`try_acquire`](LockBackend::try_acquire).
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
-        let max = self.inner.config.retry_delay;
-        let backoff = req.backoff_or(Backoff {
-            initial: (max / 4).max(Duration::from_millis(1)),
-            max,
-        });
-        // An uncontended lock costs one round and no subscription.
-        match self.attempt(req).await {
-            Ok(Some(lease)) => return Ok(Some(lease)),
-            Ok(None) if req.wait.is_zero() => return Ok(None),
-            Err(e) if !e.is_retryable() || req.wait.is_zero() => return Err(e),
-            _ => {}
-        }
-        let channel = self.key_set(&req.name)?.channel();
-        let deadline = req.wait_deadline();
-        let limit = deadline.min(Instant::now() + self.inner.config.timeout);
-        // Waits for a majority of confirmed subscriptions, not for all: a
-        // release publishes on every node of its holder's majority, and two
-        // majorities share a node, so one message is sure to reach us; a
-        // node that is down or slow does not hold the waiter up. The
-        // polling backoff covers everything else.
-        let mut pending: FuturesUnordered<_> = self
-            .inner
-            .subscribers
-            .iter()
-            .map(|s| s.subscribe(&channel, limit))
-            .collect();
-        let (mut subs, mut confirmed): (Vec<Subscription>, usize) = (Vec::new(), 0);
-        while let Some((sub, ok)) = pending.next().await {
-            subs.push(sub);
-            confirmed += usize::from(ok);
-            if confirmed >= self.quorum() {
-                break;
-            }
-        }
-        drop(pending);
-        // No expiry to wait for: a holder whose lease runs out publishes
-        // nothing, and the backoff's next attempt finds it gone.
-        let expiry = std::sync::Mutex::new(None);
-        // The subscriptions are live from here on, so the loop's first
-        // attempt (made now) cannot miss a release that came after the one
-        // above.
-        // The retries run detached (see `lock_core::wait::detached`): a
-        // wait cancelled mid-round lets the round finish and undoes a win.
-        let attempt = || {
-            let (this, req) = (self.clone(), req.clone());
-            lock_core::wait::detached(
-                async move { this.attempt(&req).await },
-                lock_core::wait::release_if_won(self.clone()),
-            )
-        };
-        acquire_loop(attempt, deadline, backoff, || wake_up(&subs, None, &expiry)).await
+        self.inner.space.stamp(self.wait_for(req).await)
     }
 
-    /// The `plain` owner- and token-checked extension on every node; a
-    /// majority within the lease's validity, or the lease is lost (and
-    /// released where it still holds).
+    /// A lease of this client's lock space ([`LockSpace`]) only: see `renew_checked`.
     ///
     /// # Cancel safety
-    /// Cancel safe: a dropped renew extended the lease on some nodes or
-    /// none; the old lease's deadline stays valid either way.
+    /// Cancel safe, as `renew_checked`.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        let keys = self.key_set(lease.name())?;
-        let (_, ttl_ms) = guarantees().granted_ttl(lease.renewal_ttl(), PX_UNIT);
-        let mut inv = self.inner.layout.scripts().renew.prepare_invoke();
-        inv.key(&keys.lock)
-            .key(keys.fence())
-            .arg(stored_value(lease))
-            .arg(lease.fence().get())
-            .arg(ttl_ms);
-        let sent_at = Instant::now();
-        let replies = self.on_all::<i64>(&inv).await;
-        let mut tally = Tally::new(&self.inner.nodes);
-        for (i, r) in replies.into_iter().enumerate() {
-            match r {
-                Ok(1) => tally.ok += 1,
-                Ok(_) => tally.refused += 1,
-                Err(f) => tally.fail(i, &f),
-            }
-        }
-        self.judge_renewal(lease, &tally, ttl_ms, sent_at).await
+        self.inner.space.check(lease)?;
+        self.renew_checked(lease).await
     }
 
-    /// The `plain` batch renew script ([`RENEW_CHUNK`](crate::backend::RENEW_CHUNK) leases at most per
-    /// run) on every node at once: one request per node for each chunk, the
-    /// chunks sent together. Each lease is then judged by its own majority
-    /// and validity exactly as [`renew`](LockBackend::renew) judges it, and
-    /// a lease that is lost is released where it still holds.
+    /// Leases of this client's lock space ([`LockSpace`]) in one batch: see
+    /// `renew_many_checked`; a batch with another space's lease is renewed
+    /// lease by lease.
     ///
     /// # Cancel safety
-    /// Cancel safe, as [`renew`](LockBackend::renew): each lease was
-    /// extended on some nodes or none, and its old deadline stays valid.
+    /// Cancel safe, as `renew_many_checked`.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
-        renew_chunked(
-            leases,
-            |n| self.key_set(n),
-            |c| async move { self.renew_chunk(&c).await },
-        )
-        .await
+        if self.inner.space.any_foreign(leases) {
+            return lock_core::renew_each(self, leases).await;
+        }
+        self.renew_many_checked(leases).await
     }
 
-    /// The `plain` owner- and token-checked delete on every node.
+    /// A lease of this client's lock space ([`LockSpace`]) only: see `release_checked`.
     ///
     /// # Cancel safety
-    /// Cancel safe: a dropped release removed the lock on some nodes or
-    /// none; the rest expires at its TTL.
+    /// Cancel safe, as `release_checked`.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        let keys = self.key_set(lease.name())?;
-        let mut inv = RELEASE.prepare_invoke();
-        inv.key(&keys.lock)
-            .key(keys.fence())
-            .arg(stored_value(lease))
-            .arg(lease.fence().get())
-            .arg(keys.channel());
-        let replies = self.on_all::<i64>(&inv).await;
-        let mut tally = Tally::new(&self.inner.nodes);
-        let mut taken_since = 0;
-        for (i, r) in replies.into_iter().enumerate() {
-            match r {
-                Ok(1) => tally.ok += 1,
-                Ok(0) => {}
-                Ok(_) => {
-                    tally.refused += 1;
-                    taken_since += 1;
-                }
-                Err(f) => tally.fail(i, &f),
-            }
-        }
-        if tally.ok >= self.quorum() {
-            return Ok(());
-        }
-        if taken_since > 0 {
-            return Err(LockError::Lost {
-                name: lease.name().to_string(),
-            });
-        }
-        if tally.failed.is_empty() {
-            // Expired everywhere, and nobody was granted it since.
-            return Ok(());
-        }
-        Err(tally.error(tally.message(
-            "release",
-            lease.name(),
-            "released",
-            "held by another since",
-            "the release could not be confirmed; what is left expires at its TTL",
-        )))
+        self.inner.space.check(lease)?;
+        self.release_checked(lease).await
     }
-
     /// The `plain` inspect script on every node; the holder is the one a
     /// majority agrees on.
     ///
@@ -1173,8 +1063,169 @@ impl LockBackend for RedlockBackend {
         Ok(removed)
     }
 
+    /// See [`LockSpace`]: leases of another space are refused before any
+    /// I/O.
+    fn lock_space(&self) -> Option<LockSpace> {
+        Some(self.inner.space)
+    }
+
     fn guarantees(&self) -> Guarantees {
         guarantees()
+    }
+}
+
+/// The trait's operations behind the check that the lease is of this
+/// client's lock space ([`LockSpace`]).
+impl RedlockBackend {
+    /// Attempts until one succeeds or `req.wait` runs out (the trait's
+    /// `acquire`, before the lease is stamped with its lock space).
+    async fn wait_for(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        let max = self.inner.config.retry_delay;
+        let backoff = req.backoff_or(Backoff {
+            initial: (max / 4).max(Duration::from_millis(1)),
+            max,
+        });
+        // An uncontended lock costs one round and no subscription.
+        match self.attempt(req).await {
+            Ok(Some(lease)) => return Ok(Some(lease)),
+            Ok(None) if req.wait.is_zero() => return Ok(None),
+            Err(e) if !e.is_retryable() || req.wait.is_zero() => return Err(e),
+            _ => {}
+        }
+        let channel = self.key_set(&req.name)?.channel();
+        let deadline = req.wait_deadline();
+        let limit = deadline.min(Instant::now() + self.inner.config.timeout);
+        // Waits for a majority of confirmed subscriptions, not for all: a
+        // release publishes on every node of its holder's majority, and two
+        // majorities share a node, so one message is sure to reach us; a
+        // node that is down or slow does not hold the waiter up. The
+        // polling backoff covers everything else.
+        let mut pending: FuturesUnordered<_> = self
+            .inner
+            .subscribers
+            .iter()
+            .map(|s| s.subscribe(&channel, limit))
+            .collect();
+        let (mut subs, mut confirmed): (Vec<Subscription>, usize) = (Vec::new(), 0);
+        while let Some((sub, ok)) = pending.next().await {
+            subs.push(sub);
+            confirmed += usize::from(ok);
+            if confirmed >= self.quorum() {
+                break;
+            }
+        }
+        drop(pending);
+        // No expiry to wait for: a holder whose lease runs out publishes
+        // nothing, and the backoff's next attempt finds it gone.
+        let expiry = std::sync::Mutex::new(None);
+        // The subscriptions are live from here on, so the loop's first
+        // attempt (made now) cannot miss a release that came after the one
+        // above.
+        // The retries run detached (see `lock_core::wait::detached`): a
+        // wait cancelled mid-round lets the round finish and undoes a win.
+        let attempt = || {
+            let (this, req) = (self.clone(), req.clone());
+            lock_core::wait::detached(
+                async move { this.attempt(&req).await },
+                lock_core::wait::release_if_won(self.clone()),
+            )
+        };
+        acquire_loop(attempt, deadline, backoff, || wake_up(&subs, None, &expiry)).await
+    }
+
+    /// The `plain` owner- and token-checked extension on every node; a
+    /// majority within the lease's validity, or the lease is lost (and
+    /// released where it still holds).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped renew extended the lease on some nodes or
+    /// none; the old lease's deadline stays valid either way.
+    async fn renew_checked(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let keys = self.key_set(lease.name())?;
+        let (_, ttl_ms) = guarantees().granted_ttl(lease.renewal_ttl(), PX_UNIT);
+        let mut inv = self.inner.layout.scripts().renew.prepare_invoke();
+        inv.key(&keys.lock)
+            .key(keys.fence())
+            .arg(stored_value(lease))
+            .arg(lease.fence().get())
+            .arg(ttl_ms);
+        let sent_at = Instant::now();
+        let replies = self.on_all::<i64>(&inv).await;
+        let mut tally = Tally::new(&self.inner.nodes);
+        for (i, r) in replies.into_iter().enumerate() {
+            match r {
+                Ok(1) => tally.ok += 1,
+                Ok(_) => tally.refused += 1,
+                Err(f) => tally.fail(i, &f),
+            }
+        }
+        self.judge_renewal(lease, &tally, ttl_ms, sent_at).await
+    }
+
+    /// The `plain` batch renew script ([`RENEW_CHUNK`](crate::backend::RENEW_CHUNK) leases at most per
+    /// run) on every node at once: one request per node for each chunk, the
+    /// chunks sent together. Each lease is then judged by its own majority
+    /// and validity exactly as [`renew`](LockBackend::renew) judges it, and
+    /// a lease that is lost is released where it still holds.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`renew`](LockBackend::renew): each lease was
+    /// extended on some nodes or none, and its old deadline stays valid.
+    async fn renew_many_checked(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        renew_chunked(
+            leases,
+            |n| self.key_set(n),
+            |c| async move { self.renew_chunk(&c).await },
+        )
+        .await
+    }
+
+    /// The `plain` owner- and token-checked delete on every node.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped release removed the lock on some nodes or
+    /// none; the rest expires at its TTL.
+    async fn release_checked(&self, lease: &Lease) -> Result<(), LockError> {
+        let keys = self.key_set(lease.name())?;
+        let mut inv = RELEASE.prepare_invoke();
+        inv.key(&keys.lock)
+            .key(keys.fence())
+            .arg(stored_value(lease))
+            .arg(lease.fence().get())
+            .arg(keys.channel());
+        let replies = self.on_all::<i64>(&inv).await;
+        let mut tally = Tally::new(&self.inner.nodes);
+        let mut taken_since = 0;
+        for (i, r) in replies.into_iter().enumerate() {
+            match r {
+                Ok(1) => tally.ok += 1,
+                Ok(0) => {}
+                Ok(_) => {
+                    tally.refused += 1;
+                    taken_since += 1;
+                }
+                Err(f) => tally.fail(i, &f),
+            }
+        }
+        if tally.ok >= self.quorum() {
+            return Ok(());
+        }
+        if taken_since > 0 {
+            return Err(LockError::Lost {
+                name: lease.name().to_string(),
+            });
+        }
+        if tally.failed.is_empty() {
+            // Expired everywhere, and nobody was granted it since.
+            return Ok(());
+        }
+        Err(tally.error(tally.message(
+            "release",
+            lease.name(),
+            "released",
+            "held by another since",
+            "the release could not be confirmed; what is left expires at its TTL",
+        )))
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use lock_core::turns::Turns;
 use lock_core::{
     async_trait, validate_list, wait, AcquireRequest, FencingToken, Guarantees, HolderInfo,
-    HolderMeta, Lease, LockBackend, LockError, LockName, OwnerToken,
+    HolderMeta, Lease, LockBackend, LockError, LockName, LockSpace, OwnerToken,
 };
 use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlTypeInfo};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgTypeInfo, Postgres};
@@ -52,6 +52,9 @@ pub struct SqlBackend {
 
 struct Inner {
     config: SqlConfig,
+    /// The lock space stamped on this client's leases; renew and release
+    /// refuse another space's.
+    space: LockSpace,
     /// One pool of `pool_size + upkeep_size(pool_size)` connections for
     /// every operation. Sharing it lets releases and renewals use every
     /// idle connection (a pool of their own capped a client's cycle rate at
@@ -366,6 +369,7 @@ impl SqlBackend {
         );
         Ok(SqlBackend {
             inner: Arc::new(Inner {
+                space: LockSpace::named(&["sql", dialect.backend_name(), &config.table]),
                 guarantees: guarantees(dialect),
                 main_lane: Semaphore::new(config.pool_size as usize),
                 sqlite_writes: tokio::sync::Mutex::new(()),
@@ -1059,7 +1063,10 @@ impl LockBackend for SqlBackend {
         match won {
             Some(version) => {
                 let fence = self.fence("acquire", version)?;
-                Ok(Some(req.lease(fence, granted, sent_at)))
+                Ok(Some(
+                    req.lease(fence, granted, sent_at)
+                        .in_space(self.inner.space),
+                ))
             }
             None => Ok(None),
         }
@@ -1110,7 +1117,7 @@ impl LockBackend for SqlBackend {
                 self.retry_detached(req).await
             }
         };
-        match &self.inner.hub {
+        let acquired = match &self.inner.hub {
             None => {
                 wait::acquire_loop(attempt, req.wait_deadline(), backoff, std::future::pending)
                     .await
@@ -1123,7 +1130,8 @@ impl LockBackend for SqlBackend {
                 let name: Arc<str> = Arc::from(req.name.as_str());
                 wait::acquire_loop(attempt, req.wait_deadline(), backoff, || hub.arm(&name)).await
             }
-        }
+        };
+        self.inner.space.stamp(acquired)
     }
 
     /// Extends a live row whose owner and version match.
@@ -1131,6 +1139,7 @@ impl LockBackend for SqlBackend {
     /// # Cancel safety
     /// Cancel safe: the row was extended or not; the old deadline holds.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.inner.space.check(lease)?;
         let sent_at = Instant::now();
         let (granted, units) = self.inner.guarantees.granted_ttl(
             lease.renewal_ttl(),
@@ -1180,6 +1189,9 @@ impl LockBackend for SqlBackend {
     /// # Cancel safety
     /// Cancel safe: each row was extended or not; the old deadlines hold.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        if self.inner.space.any_foreign(leases) {
+            return lock_core::renew_each(self, leases).await;
+        }
         let mut seen = HashSet::with_capacity(leases.len());
         let (mut batch, mut alone) = (Vec::with_capacity(leases.len()), Vec::new());
         for (i, lease) in leases.iter().enumerate() {
@@ -1222,6 +1234,7 @@ impl LockBackend for SqlBackend {
     /// # Cancel safety
     /// Cancel safe: the row was freed or not; it expires at its TTL.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        self.inner.space.check(lease)?;
         let owner = lease.owner().to_string();
         let version = lease.fence().get();
         let channel = self.inner.sql.channel.as_str();
@@ -1405,6 +1418,12 @@ impl LockBackend for SqlBackend {
             })
             .await?;
         Ok(freed > 0)
+    }
+
+    /// See [`LockSpace`]: leases of another space are refused before any
+    /// I/O.
+    fn lock_space(&self) -> Option<LockSpace> {
+        Some(self.inner.space)
     }
 
     fn guarantees(&self) -> Guarantees {

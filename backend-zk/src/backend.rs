@@ -11,7 +11,7 @@ use futures::FutureExt;
 use lock_core::wait::{Backoff, Pacer};
 use lock_core::{
     AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Lease,
-    LockBackend, LockError, LockName, WaitMechanism,
+    LockBackend, LockError, LockName, LockSpace, WaitMechanism,
 };
 use tokio::sync::Notify;
 use tokio::time::{sleep, sleep_until, Instant};
@@ -131,6 +131,9 @@ impl fmt::Debug for ZkBackend {
 
 struct Inner {
     config: ZkConfig,
+    /// The lock space stamped on this client's leases; renew and release
+    /// refuse another space's.
+    space: LockSpace,
     sessions: Sessions,
     /// Holdings of this client by node path, in expiry order too.
     held: Mutex<Holdings>,
@@ -186,6 +189,7 @@ impl ZkBackend {
     pub fn new(config: ZkConfig) -> Self {
         ZkBackend {
             inner: Arc::new(Inner {
+                space: LockSpace::named(&["zookeeper", &config.chroot, &config.prefix]),
                 config,
                 sessions: Sessions::default(),
                 held: Mutex::default(),
@@ -1068,7 +1072,7 @@ impl LockBackend for ZkBackend {
             wait: Duration::ZERO,
             ..req.clone()
         };
-        self.contend(&one).await
+        self.inner.space.stamp(self.contend(&one).await)
     }
 
     /// Queues a node and waits for the predecessor's deletion (a watch on
@@ -1088,7 +1092,7 @@ impl LockBackend for ZkBackend {
                 Err(e) if e.is_retryable() && Instant::now() < deadline => {
                     pacer.pause_until(deadline).await;
                 }
-                other => return other,
+                other => return self.inner.space.stamp(other),
             }
         }
     }
@@ -1099,6 +1103,9 @@ impl LockBackend for ZkBackend {
     /// # Cancel safety
     /// Cancel safe: the expiry moves only once the read answered.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        // Before the batch, which renews a batch with a foreign lease
+        // through this method, one lease at a time.
+        self.inner.space.check(lease)?;
         let mut answers = self.renew_many(std::slice::from_ref(lease)).await;
         answers
             .pop()
@@ -1114,6 +1121,9 @@ impl LockBackend for ZkBackend {
     /// # Cancel safety
     /// Cancel safe: a lease's expiry moves only once its read answered.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        if self.inner.space.any_foreign(leases) {
+            return lock_core::renew_each(self, leases).await;
+        }
         let mut answers: Vec<Option<Result<Lease, LockError>>> =
             leases.iter().map(|_| None).collect();
         // The leases of each session, by their place in `leases`.
@@ -1150,6 +1160,7 @@ impl LockBackend for ZkBackend {
     /// Cancel safe: the node is deleted or not; an undeleted one expires at
     /// the lease's TTL.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        self.inner.space.check(lease)?;
         let lost = || LockError::Lost {
             name: lease.name().to_string(),
         };
@@ -1278,6 +1289,12 @@ impl LockBackend for ZkBackend {
             Err(Error::NoNode) => Ok(false),
             Err(e) => Err(from_zk(&format!("deleting {path}"), e)),
         }
+    }
+
+    /// See [`LockSpace`]: leases of another space are refused before any
+    /// I/O.
+    fn lock_space(&self) -> Option<LockSpace> {
+        Some(self.inner.space)
     }
 
     fn guarantees(&self) -> Guarantees {

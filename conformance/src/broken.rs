@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use lock_core::wait::{poll_acquire, Backoff};
 use lock_core::{
     AcquireRequest, FencingToken, Guarantees, HolderInfo, Lease, LockBackend, LockError, LockName,
-    MemoryBackend,
+    LockSpace, MemoryBackend,
 };
 use tokio::time::{sleep, Instant};
 
@@ -221,6 +221,10 @@ impl LockBackend for Broken {
 
     async fn force_release(&self, name: &LockName) -> Result<bool, LockError> {
         self.inner.force_release(name).await
+    }
+
+    fn lock_space(&self) -> Option<LockSpace> {
+        self.inner.lock_space()
     }
 
     fn guarantees(&self) -> Guarantees {

@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use lock_core::{AcquireRequest, Guarantees, HolderInfo, Lease, LockBackend, LockError, LockName};
+use lock_core::{
+    AcquireRequest, Guarantees, HolderInfo, Lease, LockBackend, LockError, LockName, LockSpace,
+};
 
 /// Counts every call, then delegates to the real client.
 #[derive(Debug)]
@@ -94,6 +96,9 @@ impl LockBackend for Counting {
     }
     fn wake_mode(&self) -> String {
         self.inner.wake_mode()
+    }
+    fn lock_space(&self) -> Option<LockSpace> {
+        self.inner.lock_space()
     }
     fn guarantees(&self) -> Guarantees {
         self.inner.guarantees()

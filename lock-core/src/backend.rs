@@ -11,6 +11,7 @@ use crate::guarantees::Guarantees;
 use crate::lease::{ClockPolicy, Lease};
 use crate::meta::HolderMeta;
 use crate::name::LockName;
+use crate::space::LockSpace;
 use crate::token::{FencingToken, OwnerToken};
 use crate::wait::Backoff;
 
@@ -110,6 +111,20 @@ impl AcquireRequest {
             self.clock,
         )
     }
+}
+
+/// Renews each of `leases` by its own [`renew`](LockBackend::renew), all
+/// at once, answering in order: the default `renew_many`, and a batching
+/// backend's answer to a batch it will not send as one (one with a lease
+/// of another lock space, [`LockSpace::any_foreign`](crate::LockSpace::any_foreign)).
+///
+/// # Cancel safety
+/// Cancel safe, as `renew`.
+pub async fn renew_each<B: LockBackend + ?Sized>(
+    backend: &B,
+    leases: &[Lease],
+) -> Vec<Result<Lease, LockError>> {
+    futures::future::join_all(leases.iter().map(|l| backend.renew(l))).await
 }
 
 /// Refuses a TTL of zero or above [`MAX_TTL`].
@@ -231,7 +246,7 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// Cancel safe, as [`renew`](LockBackend::renew): each lease was extended
     /// or not, and its old deadline stays valid either way.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
-        futures::future::join_all(leases.iter().map(|l| self.renew(l))).await
+        renew_each(self, leases).await
     }
 
     /// Compare-owner-and-delete. Releasing a lease that is already released
@@ -309,6 +324,13 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
 
     /// What this backend promises.
     fn guarantees(&self) -> Guarantees;
+
+    /// The lock space this client stamps its leases with, refusing any
+    /// other space's lease with [`LockError::ForeignLease`] before any I/O
+    /// ([`LockSpace`]); `None` for a backend that stamps nothing.
+    fn lock_space(&self) -> Option<LockSpace> {
+        None
+    }
 }
 
 /// Refuses a [`LockBackend::list`] prefix no lock name could start with,

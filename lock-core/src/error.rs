@@ -11,7 +11,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 ///
 /// Input errors ([`InvalidName`](LockError::InvalidName),
 /// [`InvalidTtl`](LockError::InvalidTtl), [`InvalidWait`](LockError::InvalidWait),
-/// [`Config`](LockError::Config)) are raised before any I/O. Messages never
+/// [`Config`](LockError::Config), [`ForeignLease`](LockError::ForeignLease))
+/// are raised before any I/O. Messages never
 /// contain secrets: backends redact passwords before building a `Config` or
 /// `Backend` error.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +62,19 @@ pub enum LockError {
     /// lease presented by another owner).
     #[error("lock {name:?} is not held by this owner")]
     NotHeld {
+        /// The lock name.
+        name: String,
+    },
+    /// The lease was granted in another [`LockSpace`](crate::LockSpace)
+    /// (another backend, wire format or namespace): renew and release it
+    /// through a client of the space that granted it. Raised before any
+    /// I/O; no lock is touched.
+    #[error(
+        "the lease of lock {name:?} was granted in another lock space (another backend, \
+         wire format or namespace): renew or release it through a client of the space \
+         that granted it"
+    )]
+    ForeignLease {
         /// The lock name.
         name: String,
     },

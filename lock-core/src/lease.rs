@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::LockError;
 use crate::name::LockName;
+use crate::space::LockSpace;
 use crate::token::{FencingToken, OwnerToken};
 
 /// How pessimistic the client is about its own clock when computing a lease's
@@ -127,6 +128,7 @@ pub struct Lease {
     policy: ClockPolicy,
     key: Option<Arc<str>>,
     revoked: Option<CancellationToken>,
+    space: Option<LockSpace>,
 }
 
 impl Lease {
@@ -151,6 +153,7 @@ impl Lease {
             policy,
             key: None,
             revoked: None,
+            space: None,
         }
     }
 
@@ -172,6 +175,19 @@ impl Lease {
     pub fn with_renewal_ttl(mut self, ttl: Duration) -> Self {
         self.renewal_ttl = ttl;
         self
+    }
+
+    /// Marks the lease as granted in `space`, whose clients alone renew and
+    /// release it ([`LockSpace`]). Backends call it through
+    /// [`LockSpace::stamp`].
+    pub fn in_space(mut self, space: LockSpace) -> Self {
+        self.space = Some(space);
+        self
+    }
+
+    /// The lock space that granted this lease, if it said ([`in_space`](Lease::in_space)).
+    pub fn space(&self) -> Option<LockSpace> {
+        self.space
     }
 
     /// Attaches a signal the backend fires when it learns, on its own, that

@@ -3,7 +3,8 @@
 //! - [`LockBackend`]: what every lock service implements (one attempt, a
 //!   wait, renew, release, inspect, and its [`Guarantees`] as data).
 //! - [`Lease`], [`FencingToken`], [`OwnerToken`], [`LockName`]: the values
-//!   that cross that contract, validated once here.
+//!   that cross that contract, validated once here. A lease is renewed and
+//!   released only by a client of the lock space that granted it ([`LockSpace`]).
 //! - [`Locker`], [`LockGuard`]: the API applications use. `acquire()` waits
 //!   until it holds the lock (`.wait(d)` bounds it, `try_acquire()` never
 //!   waits); a watchdog renews at a third of the TTL for as long as the
@@ -40,6 +41,7 @@ mod name;
 mod observe;
 mod owner;
 mod redact;
+mod space;
 mod token;
 pub mod turns;
 pub mod url;
@@ -47,8 +49,8 @@ pub mod wait;
 mod watchdog;
 
 pub use backend::{
-    validate_list, validate_ttl, validate_wait, AcquireRequest, HolderInfo, LockBackend, MAX_LIST,
-    MAX_TTL, MAX_WAIT,
+    renew_each, validate_list, validate_ttl, validate_wait, AcquireRequest, HolderInfo,
+    LockBackend, MAX_LIST, MAX_TTL, MAX_WAIT,
 };
 pub use error::{BoxError, LockError, Result};
 pub use guarantees::{ExpiryClock, FencingGuarantee, Guarantees, WaitMechanism};
@@ -60,6 +62,7 @@ pub use meta::{owner_value, parse_owner_value, HolderMeta};
 pub use name::LockName;
 pub use owner::Owner;
 pub use redact::redact_url;
+pub use space::LockSpace;
 pub use token::{FencingToken, OwnerToken};
 pub use watchdog::MAX_BATCH as MAX_RENEW_BATCH;
 

@@ -15,6 +15,7 @@ use crate::guarantees::{ExpiryClock, FencingGuarantee, Guarantees, WaitMechanism
 use crate::lease::Lease;
 use crate::meta::HolderMeta;
 use crate::name::LockName;
+use crate::space::LockSpace;
 use crate::token::{FencingToken, OwnerToken};
 use crate::wait::{acquire_loop, Backoff};
 
@@ -39,8 +40,19 @@ pub struct MemoryBackend {
     inner: Arc<Inner>,
 }
 
+/// A table's lock space: its own, shared by the clones of its backend.
+#[derive(Debug)]
+struct OwnSpace(LockSpace);
+
+impl Default for OwnSpace {
+    fn default() -> Self {
+        OwnSpace(LockSpace::unique())
+    }
+}
+
 #[derive(Debug, Default)]
 struct Inner {
+    space: OwnSpace,
     table: Mutex<Table>,
     released: Notify,
     /// Acquire calls waiting, per name.
@@ -129,7 +141,10 @@ impl LockBackend for MemoryBackend {
                 meta: req.meta.clone(),
             },
         );
-        Ok(Some(req.lease(fence, req.ttl, sent_at)))
+        Ok(Some(
+            req.lease(fence, req.ttl, sent_at)
+                .in_space(self.inner.space.0),
+        ))
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
@@ -159,6 +174,7 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.inner.space.0.check(lease)?;
         let sent_at = Instant::now();
         let mut t = self.table();
         match t.live(lease.name(), sent_at) {
@@ -173,6 +189,7 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        self.inner.space.0.check(lease)?;
         let now = Instant::now();
         let mut t = self.table();
         // Someone else was granted the lock since this lease was (a higher
@@ -241,6 +258,11 @@ impl LockBackend for MemoryBackend {
         drop(t);
         self.inner.released.notify_waiters();
         Ok(existed)
+    }
+
+    /// The table's own space: a lease of another table is refused.
+    fn lock_space(&self) -> Option<LockSpace> {
+        Some(self.inner.space.0)
     }
 
     fn guarantees(&self) -> Guarantees {

@@ -77,6 +77,7 @@ pub fn all() -> Vec<Case> {
         case!(ownership::release_is_idempotent),
         case!(ownership::release_after_an_overlap_reports_lost),
         case!(ownership::same_owner_with_an_older_fence_is_refused),
+        case!(ownership::a_lease_is_used_only_in_its_lock_space),
         case!(lease::renew_extends_past_the_original_ttl),
         case!(lease::renew_after_expiry_is_lost_and_does_not_resurrect),
         case!(lease::abandoned_lease_expires_after_ttl_and_not_before),

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use lock_core::{AcquireRequest, Lease, OwnerToken};
+use lock_core::{AcquireRequest, Lease, LockBackend, LockError, MemoryBackend, OwnerToken};
 use tokio::time::Instant;
 
 use crate::cases::{raw_try, time_until_free};
@@ -194,4 +194,102 @@ pub(crate) async fn same_owner_with_an_older_fence_is_refused(ctx: &Ctx<'_>) {
         assert_eq!(f, new.fence(), "the newer holding was replaced");
     }
     client.release(&new).await.expect("release");
+}
+
+/// A lease is renewed and released through any client of the lock space
+/// that granted it, and through no other: a client of another space (an
+/// in-memory table here) refuses it with `ForeignLease` before any I/O,
+/// this backend refuses that table's lease for the same name the same way,
+/// the holder's lock stays as it was, and a second client of this backend
+/// (same space, its own connections) renews and releases it.
+pub(crate) async fn a_lease_is_used_only_in_its_lock_space(ctx: &Ctx<'_>) {
+    let name = ctx.name("space");
+    let holder = ctx.client().await;
+    let other = ctx.client().await;
+    let elsewhere = MemoryBackend::new();
+    let lease = raw_try(&holder, &name, Duration::from_secs(30))
+        .await
+        .expect("acquire");
+    assert!(
+        holder.lock_space().is_some(),
+        "the backend declares no lock space"
+    );
+    assert_eq!(
+        lease.space(),
+        holder.lock_space(),
+        "the lease is not stamped with its client's lock space"
+    );
+    let theirs = elsewhere
+        .try_acquire(
+            &AcquireRequest::new(
+                name.clone(),
+                OwnerToken::random(),
+                Duration::from_secs(30),
+                Duration::ZERO,
+            )
+            .expect("valid request"),
+        )
+        .await
+        .expect("try_acquire")
+        .expect("free in its own table");
+    let foreign = |what: &str, e: Option<LockError>| match e {
+        Some(LockError::ForeignLease { name: n }) => assert_eq!(n, name.as_str(), "{what}"),
+        e => panic!("{what}: {e:?}, not ForeignLease"),
+    };
+    foreign(
+        "release of another space's lease",
+        holder.release(&theirs).await.err(),
+    );
+    foreign(
+        "renew of another space's lease",
+        holder.renew(&theirs).await.err(),
+    );
+    let mut batch = holder.renew_many(&[theirs.clone(), lease.clone()]).await;
+    assert!(
+        batch.pop().expect("two answers").is_ok(),
+        "our own lease in the batch"
+    );
+    foreign(
+        "renew_many of another space's lease",
+        batch.pop().and_then(Result::err),
+    );
+    foreign(
+        "release in another space",
+        elsewhere.release(&lease).await.err(),
+    );
+    foreign(
+        "renew in another space",
+        elsewhere.renew(&lease).await.err(),
+    );
+    let info = holder
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .expect("still held");
+    if let Some(f) = info.fence {
+        assert_eq!(f, lease.fence(), "the holder's lock moved");
+    }
+    // Another client of this backend is in the same space: the check lets
+    // the lease through and the server judges it (a backend that ties a
+    // holding to its client's session, etcd's or ZooKeeper's, may answer
+    // `Lost` where another client would succeed).
+    let not_refused = |what: &str, e: Option<&LockError>| {
+        assert!(
+            !matches!(e, Some(LockError::ForeignLease { .. })),
+            "{what} through another client of the same space: {e:?}"
+        );
+    };
+    not_refused("renew", other.renew(&lease).await.as_ref().err());
+    let released = other.release(&lease).await;
+    not_refused("release", released.as_ref().err());
+    if released.is_err() {
+        holder
+            .release(&lease)
+            .await
+            .expect("release through its own client");
+    }
+    elsewhere
+        .release(&theirs)
+        .await
+        .expect("release in its own table");
 }
