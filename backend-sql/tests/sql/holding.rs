@@ -764,6 +764,27 @@ async fn mariadb_lease_operations_of_a_fresh_client_open_no_connection() {
     lease_operations_of_a_fresh_client_open_no_connection(m.url(), m.port()).await;
 }
 
+/// Checks that `what`, called at `started` and answered `waited` later
+/// (at least `blocked`), gave `lease` a deadline counted from the call.
+fn counted_from_the_call(
+    what: &str,
+    lease: &lock_core::Lease,
+    started: Instant,
+    waited: Duration,
+    blocked: Duration,
+) {
+    // Scheduling noise between the statement's start and our clock read.
+    let noise = Duration::from_millis(10);
+    assert!(waited >= blocked, "the {what} did not wait: {waited:?}");
+    let latest = lease.policy().deadline(started, lease.ttl()) + noise;
+    assert!(
+        lease.deadline() <= latest,
+        "{what}: the deadline is {:?} later than one counted from the call \
+         ({waited:?} spent waiting for the write lock)",
+        lease.deadline() - latest + noise
+    );
+}
+
 /// Takes SQLite's write lock on `raw` now and gives it back after
 /// `blocked`; the returned task ends then.
 async fn hold_the_write_lock(
@@ -796,8 +817,6 @@ async fn sqlite_deadlines_are_counted_from_before_a_busy_wait() {
     let name = unique("busy");
     let ttl = Duration::from_secs(5);
     let blocked = Duration::from_millis(300);
-    // Scheduling noise between the statement's start and our clock read.
-    let noise = Duration::from_millis(10);
     // The first acquire creates the table; the raw writer needs it there.
     let first = try_once(&client, &name, ttl).await.expect("free");
     client.release(&first).await.expect("release");
@@ -809,27 +828,13 @@ async fn sqlite_deadlines_are_counted_from_before_a_busy_wait() {
         .expect("free once the writer commits");
     let waited = started.elapsed();
     held.await.expect("writer");
-    assert!(waited >= blocked, "the acquire did not wait: {waited:?}");
-    let latest = lease.policy().deadline(started, lease.ttl()) + noise;
-    assert!(
-        lease.deadline() <= latest,
-        "acquire: the deadline is {:?} later than one counted from the call \
-         ({waited:?} spent waiting for the write lock)",
-        lease.deadline() - latest + noise
-    );
+    counted_from_the_call("acquire", &lease, started, waited, blocked);
 
     let held = hold_the_write_lock(raw_connection(&db.base).await, blocked).await;
     let started = Instant::now();
     let renewed = client.renew(&lease).await.expect("renew");
     let waited = started.elapsed();
     held.await.expect("writer");
-    assert!(waited >= blocked, "the renew did not wait: {waited:?}");
-    let latest = renewed.policy().deadline(started, renewed.ttl()) + noise;
-    assert!(
-        renewed.deadline() <= latest,
-        "renew: the deadline is {:?} later than one counted from the call \
-         ({waited:?} spent waiting for the write lock)",
-        renewed.deadline() - latest + noise
-    );
+    counted_from_the_call("renew", &renewed, started, waited, blocked);
     client.release(&renewed).await.expect("release");
 }
