@@ -119,3 +119,49 @@ async fn mariadb_case_insensitive_name_column_is_refused() {
         assert!(e.to_string().contains(collation), "{e}");
     }
 }
+
+/// MariaDB: a `BEFORE INSERT` trigger on the lock table that runs a
+/// statement of its own hides the insert id that carries an acquisition's
+/// outcome (`LAST_INSERT_ID(expr)`), so the first acquisition of a name
+/// answers "held" while its row is in fact written, and the name is
+/// blocked until that phantom grant's TTL. docs/sql.md warns against
+/// triggers on the lock table; this test says when the warning is stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_an_insert_trigger_hides_the_outcome_of_an_acquisition() {
+    let db = common::mariadb();
+    let client = db.client().await;
+    let table = common::table_of(&db.url);
+    let side = unique("side");
+    exec(
+        &db.base,
+        &[
+            &format!("CREATE TABLE {side} (n INT NOT NULL)"),
+            &format!(
+                "CREATE TRIGGER {table}_ins BEFORE INSERT ON {table} \
+                 FOR EACH ROW BEGIN INSERT INTO {side} VALUES (1); END"
+            ),
+        ],
+    )
+    .await;
+    let name = unique("trigger");
+    let got = common::try_once(&client, &name, Duration::from_secs(30)).await;
+    assert!(
+        got.is_none(),
+        "the trigger no longer hides the outcome ({got:?}): docs/sql.md's warning is stale"
+    );
+    let written = common::fetch_text(
+        &db.base,
+        &format!("SELECT CAST(COUNT(*) AS CHAR) FROM {table} WHERE name = '{name}' AND owner IS NOT NULL"),
+    )
+    .await;
+    assert_eq!(
+        written, "1",
+        "the refused acquisition's row was not written"
+    );
+    assert!(
+        common::try_once(&client, &name, Duration::from_secs(30))
+            .await
+            .is_none(),
+        "the name is not blocked by the phantom grant"
+    );
+}
