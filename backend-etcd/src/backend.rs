@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Client, ConnectOptions};
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use lock_core::{
     AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Lease,
     LockBackend, LockError, LockName, LockSpace, WaitMechanism,
@@ -277,6 +277,32 @@ impl EtcdBackend {
     /// the keys directly under it.
     pub fn key_prefix(&self, name: &LockName) -> String {
         queue::lock_prefix(self.inner.config.prefix(), name)
+    }
+
+    /// How long a renewal waits for its session's keepalive: one
+    /// `op_timeout`, and never past the lease's `deadline`.
+    fn keepalive_limit(&self, deadline: Instant) -> Instant {
+        deadline.min(Instant::now() + self.inner.config.op_timeout())
+    }
+
+    /// A renewal whose keepalive did not answer by its
+    /// [`keepalive_limit`](Self::keepalive_limit): the lease is lost once its
+    /// deadline passed or its session ended; before that, the server was only
+    /// slow to answer, and the lease still holds until its deadline.
+    fn unanswered(&self, session: &Session, lease: &Lease) -> LockError {
+        if session.is_closed() || Instant::now() >= lease.deadline() {
+            return LockError::Lost {
+                name: lease.name().to_string(),
+            };
+        }
+        LockError::transient(
+            BACKEND,
+            format!(
+                "renewing {:?}: no keepalive answer within {:?}",
+                lease.name(),
+                self.inner.config.op_timeout()
+            ),
+        )
     }
 
     pub(crate) fn conn(&self) -> &Conn {
@@ -752,8 +778,10 @@ impl LockBackend for EtcdBackend {
     /// Reports the session's latest answered keepalive after checking that
     /// the claim still exists with the same create revision on the same
     /// lease. Waits for a keepalive newer than the lease (nudging one) so
-    /// that the watchdog always moves forward. `Err(Lost)` if the claim or
-    /// the session is gone; never re-creates.
+    /// that the watchdog always moves forward, for one `op_timeout` at most:
+    /// without an answer by then, a retryable error (the lease still holds
+    /// until its deadline). `Err(Lost)` if the claim or the session is gone
+    /// or the deadline passed; never re-creates.
     ///
     /// # Cancel safety
     /// Cancel safe: read only, apart from a keepalive the session sends
@@ -773,18 +801,23 @@ impl LockBackend for EtcdBackend {
         if !session.holds(key, lease.owner(), rev) {
             return Err(lost());
         }
-        let (claim, fresh) = tokio::join!(
+        // A failed read ends the call at once, and a keepalive is waited
+        // for one op_timeout at most: never until the lease's deadline.
+        let (claim, fresh) = futures::future::try_join(
             queue::claim_of(self.conn(), key),
-            session.keepalive_after(lease.sent_at(), lease.deadline()),
-        );
-        match claim? {
+            session
+                .keepalive_after(lease.sent_at(), self.keepalive_limit(lease.deadline()))
+                .map(Ok),
+        )
+        .await?;
+        match claim {
             Some(c) if c.create_rev == rev && c.lease == session.id => {}
             _ => {
                 session.forget(key, rev, lease.owner());
                 return Err(lost());
             }
         }
-        let state = fresh.map_err(|()| lost())?;
+        let state = fresh.map_err(|()| self.unanswered(&session, lease))?;
         if !session.extend(key, rev, state.last_ok_sent + state.ttl) {
             return Err(lost());
         }
@@ -847,11 +880,9 @@ impl LockBackend for EtcdBackend {
         let keys: Vec<&str> = live.iter().map(|(_, k, _, _)| *k).collect();
         let (claims, fresh) = tokio::join!(
             queue::claims_of_many(self.conn(), &keys),
-            futures::future::join_all(
-                sessions
-                    .iter()
-                    .map(|(s, after, until)| s.keepalive_after(*after, *until))
-            ),
+            futures::future::join_all(sessions.iter().map(|(s, after, until)| {
+                s.keepalive_after(*after, self.keepalive_limit(*until))
+            })),
         );
         let answered = Instant::now();
         for ((i, key, rev, session), claim) in live.into_iter().zip(claims) {
@@ -872,7 +903,8 @@ impl LockBackend for EtcdBackend {
                             Err(lost(lease))
                         }
                     }
-                    _ => Err(lost(lease)),
+                    Ok(_) => Err(lost(lease)),
+                    Err(()) => Err(self.unanswered(&session, lease)),
                 },
                 Ok(_) => {
                     session.forget(key, rev, lease.owner());

@@ -958,10 +958,13 @@ impl RedisBackend {
             }
         };
         // An uncontended lock costs one round trip and no subscription.
+        // A first attempt that took the whole wait (a server slow to
+        // answer, or not answering) is the answer: no attempt starts after
+        // the wait ended.
         match attempt().await {
             Ok(Some(lease)) => return Ok(Some(lease)),
-            Ok(None) if req.wait.is_zero() => return Ok(None),
-            Err(e) if !e.is_retryable() || req.wait.is_zero() => return Err(e),
+            Err(e) if !e.is_retryable() => return Err(e),
+            other if req.wait.is_zero() || Instant::now() >= deadline => return other,
             _ => {}
         }
         let keys = self.key_set(&req.name)?;
@@ -1296,7 +1299,13 @@ impl LockBackend for RedisBackend {
             // wait never joined.
             Ok(Some(_)) => entry.disarm(),
             _ if req.wait.is_zero() => entry.disarm(),
-            _ => entry.leave().await,
+            // The server answers: leave now, so that the queue is right
+            // when this returns.
+            Ok(None) => entry.leave().await,
+            // It may not: leaving could take another op_timeout, past what
+            // a caller waits for (the wait plus one op_timeout). The entry's
+            // drop leaves from a task.
+            Err(_) => {}
         }
         self.inner.space.stamp(r)
     }

@@ -1085,15 +1085,18 @@ impl RedlockBackend {
             initial: (max / 4).max(Duration::from_millis(1)),
             max,
         });
-        // An uncontended lock costs one round and no subscription.
+        // The wait counts from the call, the first round included.
+        let deadline = req.wait_deadline();
+        // An uncontended lock costs one round and no subscription. A first
+        // round that took the whole wait is the answer: no round starts
+        // after the wait ended.
         match self.attempt(req).await {
             Ok(Some(lease)) => return Ok(Some(lease)),
-            Ok(None) if req.wait.is_zero() => return Ok(None),
-            Err(e) if !e.is_retryable() || req.wait.is_zero() => return Err(e),
+            Err(e) if !e.is_retryable() => return Err(e),
+            other if req.wait.is_zero() || Instant::now() >= deadline => return other,
             _ => {}
         }
         let channel = self.key_set(&req.name)?.channel();
-        let deadline = req.wait_deadline();
         let limit = deadline.min(Instant::now() + self.inner.config.timeout);
         // Waits for a majority of confirmed subscriptions, not for all: a
         // release publishes on every node of its holder's majority, and two

@@ -409,12 +409,19 @@ impl ZkBackend {
     }
 
     /// Creates our node with `data` (see [`crate::data`]) under `dir`, creating the parents when
-    /// missing. A lost reply is recovered by finding the node by its uuid.
+    /// missing. A lost reply is recovered by finding the node by its uuid,
+    /// until `answer_by`.
     ///
     /// # Cancel safety
     /// Dropped (or failing) before it returns, any create of ours that
     /// may still land is cleaned up in the background: see [`Entering`].
-    async fn enter(&self, s: &Session, dir: &str, data: &str) -> Result<(String, Stat), LockError> {
+    async fn enter(
+        &self,
+        s: &Session,
+        dir: &str,
+        data: &str,
+        answer_by: Instant,
+    ) -> Result<(String, Stat), LockError> {
         let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
         let uuid = uuid::Uuid::new_v4()
             .hyphenated()
@@ -461,7 +468,7 @@ impl ZkBackend {
                     // The create may or may not have been applied: the
                     // uuid tells, once the session is reachable again.
                     entering.uncertain = true;
-                    if let Some(found) = self.recover(s, dir, &uuid).await? {
+                    if let Some(found) = self.recover(s, dir, &uuid, answer_by).await? {
                         entering.disarm();
                         return Ok(found);
                     }
@@ -478,16 +485,19 @@ impl ZkBackend {
     }
 
     /// [`find_ours`](Self::find_ours), retried while the connection is
-    /// being re-established (up to `op_timeout`).
+    /// being re-established (up to `op_timeout`, and not past `answer_by`:
+    /// a caller is owed an answer then, and a node left uncertain is swept
+    /// in the background).
     async fn recover(
         &self,
         s: &Session,
         dir: &str,
         uuid: &str,
+        answer_by: Instant,
     ) -> Result<Option<(String, Stat)>, LockError> {
-        let give_up = Instant::now() + self.op();
+        let give_up = answer_by.min(Instant::now() + self.op());
         loop {
-            match self.find_ours(s, dir, uuid).await {
+            match self.find_ours(s, dir, uuid, give_up).await {
                 Err(e)
                     if e.is_retryable() && Instant::now() < give_up && !s.ended.is_cancelled() =>
                 {
@@ -498,26 +508,30 @@ impl ZkBackend {
         }
     }
 
+    /// The node of this session with `uuid` in `dir`, if the server has it;
+    /// every request answered by `give_up`.
     async fn find_ours(
         &self,
         s: &Session,
         dir: &str,
         uuid: &str,
+        give_up: Instant,
     ) -> Result<Option<(String, Stat)>, LockError> {
+        let left = || give_up.saturating_duration_since(Instant::now());
         // The server we reconnected to may lag behind the one that applied
         // the create: catch it up first, or a node of ours could be missed
         // and a second one created behind it.
-        timed("sync", self.op(), s.client.sync(dir))
+        timed("sync", left(), s.client.sync(dir))
             .await?
             .map_err(|e| from_zk(&format!("syncing {dir}"), e))?;
-        let children = match timed("list", self.op(), s.client.list_children(dir)).await? {
+        let children = match timed("list", left(), s.client.list_children(dir)).await? {
             Ok(c) => c,
             Err(Error::NoNode) => return Ok(None),
             Err(e) => return Err(from_zk(&format!("listing {dir}"), e)),
         };
         for child in children.iter().filter(|c| is_ours(c, uuid)) {
             let path = format!("{dir}/{child}");
-            match timed("get", self.op(), s.client.get_data(&path)).await? {
+            match timed("get", left(), s.client.get_data(&path)).await? {
                 // A node with our uuid is ours only if this session owns it.
                 Ok((_, stat)) if stat.ephemeral_owner == s.id() => return Ok(Some((path, stat))),
                 Ok(_) | Err(Error::NoNode) => {}
@@ -602,11 +616,13 @@ impl ZkBackend {
     /// than ours is outside the protocol and is not looked for.
     async fn contend(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         let wait_until = req.wait_deadline();
+        // The answer is owed by the wait plus one op_timeout.
+        let answer_by = wait_until.checked_add(self.op()).unwrap_or(wait_until);
         let dir = self.lock_path(&req.name);
         let data = owner_value(req.owner, req.meta.as_ref());
         loop {
             let s = self.session(req.ttl).await?;
-            let (path, stat) = self.enter(&s, &dir, &data).await?;
+            let (path, stat) = self.enter(&s, &dir, &data, answer_by).await?;
             let node = path.rsplit('/').next().unwrap_or_default().to_string();
             let mut ours = NodeGuard::new(&s, &path, self.op());
             // Fires when our own node changes (it is only ever deleted) or

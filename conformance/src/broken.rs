@@ -16,7 +16,7 @@ use lock_core::{
 };
 use tokio::time::{sleep, Instant};
 
-use crate::fixture::Fixture;
+use crate::fixture::{Fixture, Link};
 
 /// One defect to build into the reference backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -276,9 +276,10 @@ impl Fixture for BrokenFixture {
     async fn client_with_reply_delay(
         &self,
         delay: Duration,
-    ) -> Result<Option<Arc<dyn LockBackend>>, LockError> {
-        // Only this flaw's clients talk over a (simulated) network; the
-        // others are as in-process as the reference backend.
-        Ok((self.flaw == Flaw::DeadlineAtReceipt).then(|| self.broken(delay)))
+    ) -> Result<Option<(Arc<dyn LockBackend>, Link)>, LockError> {
+        // Only this flaw's clients talk over a (simulated) network, which
+        // no proxy carries; the others are as in-process as the reference
+        // backend.
+        Ok((self.flaw == Flaw::DeadlineAtReceipt).then(|| (self.broken(delay), Link::default())))
     }
 }

@@ -1,10 +1,12 @@
 //! What a backend provides to join the suite.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{Guarantees, LockBackend, LockError, LockName, Locker};
+use testkit::{Mode, Proxy};
 
 /// A backend under test: a running service (spawned by the test kit, or none
 /// for in-process backends) and a way to make independent clients of it.
@@ -38,17 +40,73 @@ pub trait Fixture: Send + Sync {
         Ok(false)
     }
 
-    /// A client whose every byte to and from the service is delayed by
-    /// `delay` (the test kit's proxy), so a case can tell a deadline taken
-    /// at send time from one taken at receipt. `None`: no network to delay
-    /// (in-process or embedded backends) or clients that bypass a proxy
+    /// A new client that reaches the service only through the test kit's
+    /// proxies (one per server it talks to), with its per-request timeout
+    /// (`op_timeout`, or the backend's own name for it) set to
+    /// `op_timeout`. The case holds the [`Link`] and with it the network:
+    /// it can delay it or cut it. `None`: no network to put a proxy on
+    /// (in-process or embedded backends) or clients that would bypass one
     /// (cluster clients that discover node addresses).
+    async fn client_through_proxy(
+        &self,
+        op_timeout: Duration,
+    ) -> Result<Option<(Arc<dyn LockBackend>, Link)>, LockError> {
+        let _ = op_timeout;
+        Ok(None)
+    }
+
+    /// A client whose every byte to and from the service is delayed by
+    /// `delay`, so a case can tell a deadline taken at send time from one
+    /// taken at receipt: [`client_through_proxy`](Self::client_through_proxy)
+    /// with a per-request timeout the delay fits in many times over.
     async fn client_with_reply_delay(
         &self,
         delay: Duration,
-    ) -> Result<Option<Arc<dyn LockBackend>>, LockError> {
-        let _ = delay;
-        Ok(None)
+    ) -> Result<Option<(Arc<dyn LockBackend>, Link)>, LockError> {
+        let op_timeout = (delay * 8).max(Duration::from_secs(2));
+        let Some((client, link)) = self.client_through_proxy(op_timeout).await? else {
+            return Ok(None);
+        };
+        link.set_mode(Mode::Delay(delay));
+        Ok(Some((client, link)))
+    }
+}
+
+/// The network between one client and its service: a test kit proxy per
+/// server. Dropping it resets the client's connections.
+#[derive(Debug, Default)]
+pub struct Link {
+    proxies: Vec<Proxy>,
+}
+
+impl Link {
+    /// A proxy in front of each of `servers`, passing traffic unchanged.
+    pub fn to(servers: &[SocketAddr]) -> Result<Link, LockError> {
+        let proxies = servers
+            .iter()
+            .map(|&s| Proxy::start(s).map_err(|e| LockError::Config(e.to_string())))
+            .collect::<Result<_, _>>()?;
+        Ok(Link { proxies })
+    }
+
+    /// `url` with each server's address replaced by its proxy's and the
+    /// option `key=op_timeout` (in ms) added to the query.
+    pub fn url(&self, url: &str, key: &str, op_timeout: Duration) -> String {
+        let mut url = self.proxies.iter().fold(url.to_owned(), |url, p| {
+            url.replacen(&p.upstream().to_string(), &p.addr().to_string(), 1)
+        });
+        url.push(if url.contains('?') { '&' } else { '?' });
+        url.push_str(&format!("{key}={}ms", op_timeout.as_millis()));
+        url
+    }
+
+    /// Applies `mode` to every proxy, open connections included:
+    /// [`Mode::Blackhole`] cuts the client off without a word (no reset, no
+    /// close), as a network partition does.
+    pub fn set_mode(&self, mode: Mode) {
+        for p in &self.proxies {
+            p.set_mode(mode);
+        }
     }
 }
 

@@ -197,6 +197,15 @@ pub const MAX_LIST: usize = 10_000;
 ///
 /// Every method's future may be dropped at an `.await`: see each method's
 /// "Cancel safety" section for what that leaves on the server.
+///
+/// # Answering in time
+/// A backend's calls answer in bounded time even when the service stops
+/// answering: `try_acquire`, `renew` and `release` within the client's
+/// `op_timeout` (a retryable error otherwise), `acquire` within `req.wait`
+/// plus one `op_timeout` (an attempt in flight when the wait ends may
+/// finish; none starts after it). The conformance case
+/// `calls_answer_in_time_when_the_service_is_cut_off` holds every backend
+/// to it with its network cut.
 #[async_trait]
 pub trait LockBackend: Send + Sync + Debug + 'static {
     /// One attempt. `Ok(None)` means someone else holds the lock. Never waits

@@ -226,6 +226,12 @@ impl LockBuilder {
     /// Bounds how long [`acquire`](LockBuilder::acquire) waits for a holder
     /// to go away (zero: one attempt). Without it, `acquire` waits until it
     /// holds the lock (unless the locker set a default bound).
+    ///
+    /// With a wait, `acquire` is back within the wait plus the backend's
+    /// `op_timeout` (a URL option) even when the service stops answering:
+    /// no attempt starts after the wait ends, and one still in flight gets
+    /// one `op_timeout` to answer (see [`LockBackend`](crate::LockBackend),
+    /// "Answering in time").
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
         self

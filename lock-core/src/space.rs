@@ -1,37 +1,5 @@
 //! Which lock space a lease belongs to: a lease is renewed and released
 //! only by a client of the space that granted it.
-//!
-//! Why: a lease names a lock and an owner, not where it was taken. Handed
-//! to a client of another backend, another wire format or another
-//! namespace (a SQL lease to a Redis client, a Redlock lease to a client of
-//! one of its nodes, a migration lock's composite lease to one of its
-//! sides), the request would go out under an owner token that may be the
-//! caller's own there too (an explicit [`Owner`](crate::Owner)), and could
-//! renew or release a different holding, or answer "released" for a lock
-//! it never saw while the real one stays held. Each backend stamps the
-//! leases it grants with its space and refuses another space's with
-//! [`LockError::ForeignLease`] before any I/O.
-//!
-//! A space is the backend kind, its wire format and its namespace (key
-//! prefix and database, table, root path), not the servers: every client of
-//! one service shares it whatever address it dialled, so a lease may be
-//! renewed or released through any of them (a clone, a second process's
-//! client, a new client after a restart). Two servers with the same
-//! namespace are one space here; between them the server's own owner and
-//! fence checks refuse what is not theirs.
-//!
-//! A lease built by hand ([`Lease::new`]) carries no space and is judged by
-//! the server alone, as before: tools that rebuild a lease (a migration
-//! lock's sides, a forged lease in a test of the server's checks) keep
-//! working.
-//!
-//! ```
-//! use lock_core::LockSpace;
-//! let a = LockSpace::named(&["redis", "plain", "db0", "locks:"]);
-//! assert_eq!(a, LockSpace::named(&["redis", "plain", "db0", "locks:"]));
-//! assert_ne!(a, LockSpace::named(&["redis", "plain", "db1", "locks:"]));
-//! assert_ne!(LockSpace::unique(), LockSpace::unique());
-//! ```
 
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,8 +7,39 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::error::LockError;
 use crate::lease::Lease;
 
-/// One lock space (see the [module docs](self)). Cheap to copy and
-/// compare.
+/// One lock space. Cheap to copy and compare.
+///
+/// Why: a lease names a lock and an owner, not where it was taken. Handed
+/// to a client of another backend, another wire format or another
+/// namespace (a SQL lease to a Redis client, a Redlock lease to a client of
+/// one of its nodes, a migration lock's composite lease to one of its
+/// sides), the request would go out under an owner token that may be the
+/// caller's own there too (an explicit [`Owner`](crate::Owner)), and could
+/// renew or release a different holding, or answer "released" for a lock
+/// it never saw while the real one stays held. Each backend stamps the
+/// leases it grants with its space and refuses another space's with
+/// [`LockError::ForeignLease`] before any I/O.
+///
+/// A space is the backend kind, its wire format and its namespace (key
+/// prefix and database, table, root path), not the servers: every client of
+/// one service shares it whatever address it dialled, so a lease may be
+/// renewed or released through any of them (a clone, a second process's
+/// client, a new client after a restart). Two servers with the same
+/// namespace are one space here; between them the server's own owner and
+/// fence checks refuse what is not theirs.
+///
+/// A lease built by hand ([`Lease::new`]) carries no space and is judged by
+/// the server alone, as before: tools that rebuild a lease (a migration
+/// lock's sides, a forged lease in a test of the server's checks) keep
+/// working.
+///
+/// ```
+/// use lock_core::LockSpace;
+/// let a = LockSpace::named(&["redis", "plain", "db0", "locks:"]);
+/// assert_eq!(a, LockSpace::named(&["redis", "plain", "db0", "locks:"]));
+/// assert_ne!(a, LockSpace::named(&["redis", "plain", "db1", "locks:"]));
+/// assert_ne!(LockSpace::unique(), LockSpace::unique());
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LockSpace(u64);
 

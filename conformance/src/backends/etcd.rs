@@ -1,16 +1,16 @@
 //! etcd spawned by the test kit: a single member, and a three-member
 //! cluster whose clients balance over all members.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use backend_etcd::EtcdBackend;
 use lock_core::{Guarantees, LockBackend, LockError};
-use testkit::{EtcdCluster, EtcdServer, Mode, Proxy};
+use testkit::{EtcdCluster, EtcdServer};
 
 use super::Registration;
-use crate::fixture::Fixture;
+use crate::fixture::{Fixture, Link};
 
 /// What keeps the members alive for the whole run.
 enum Keep {
@@ -23,8 +23,6 @@ enum Keep {
 struct EtcdFixture {
     url: String,
     keep: Keep,
-    /// Proxies of delayed clients, alive as long as the fixture.
-    proxies: Mutex<Vec<Proxy>>,
 }
 
 #[async_trait]
@@ -46,24 +44,19 @@ impl Fixture for EtcdFixture {
         Ok(true)
     }
 
-    async fn client_with_reply_delay(
+    async fn client_through_proxy(
         &self,
-        delay: Duration,
-    ) -> Result<Option<Arc<dyn LockBackend>>, LockError> {
-        // Of a cluster, one member behind the proxy: the deadline
-        // arithmetic does not depend on which member answers.
+        op_timeout: Duration,
+    ) -> Result<Option<(Arc<dyn LockBackend>, Link)>, LockError> {
+        // Of a cluster, one member behind the proxy: what a case checks
+        // does not depend on which member answers.
         let upstream = match &self.keep {
             Keep::Single(server) => server.addr(),
             Keep::Cluster(cluster) => cluster.members()[0].addr(),
         };
-        let proxy = Proxy::start(upstream).map_err(|e| LockError::Config(e.to_string()))?;
-        proxy.set_mode(Mode::Delay(delay));
-        let url = format!("etcd://{}", proxy.addr());
-        self.proxies
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(proxy);
-        Ok(Some(Arc::new(EtcdBackend::connect(&url).await?)))
+        let link = Link::to(&[upstream])?;
+        let url = link.url(&format!("etcd://{upstream}"), "op_timeout", op_timeout);
+        Ok(Some((Arc::new(EtcdBackend::connect(&url).await?), link)))
     }
 }
 
@@ -99,7 +92,6 @@ fn single_setup() -> Result<Arc<dyn Fixture>, String> {
     Ok(Arc::new(EtcdFixture {
         url: url_of(&[server.endpoint()]),
         keep: Keep::Single(Box::new(server)),
-        proxies: Mutex::default(),
     }))
 }
 
@@ -108,6 +100,5 @@ fn cluster_setup() -> Result<Arc<dyn Fixture>, String> {
     Ok(Arc::new(EtcdFixture {
         url: url_of(&cluster.endpoints()),
         keep: Keep::Cluster(cluster),
-        proxies: Mutex::default(),
     }))
 }

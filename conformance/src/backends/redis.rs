@@ -2,16 +2,16 @@
 //! spawned three-master Redis Cluster (both formats, and the fair mode), and
 //! five independent servers for Redlock.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use backend_redis::{Algorithm, RedisBackend, RedisConfig, RedlockBackend};
 use lock_core::{Guarantees, LockBackend, LockError};
-use testkit::{Mode, Proxy, RedisCluster, RedisServer};
+use testkit::{RedisCluster, RedisServer};
 
 use super::Registration;
-use crate::fixture::Fixture;
+use crate::fixture::{Fixture, Link};
 
 /// Clients are new [`RedisBackend`]s (their own connections) to `url`.
 /// `remove_behind_back` is the default: `force_release` from another client,
@@ -23,8 +23,6 @@ struct RedisFixture {
     /// Cluster clients learn node addresses from the cluster and would
     /// bypass a proxy.
     cluster: bool,
-    /// Proxies of delayed clients, alive as long as the fixture.
-    proxies: Mutex<Vec<Proxy>>,
 }
 
 #[async_trait]
@@ -39,23 +37,16 @@ impl Fixture for RedisFixture {
         Ok(Arc::new(RedisBackend::connect(&self.url).await?))
     }
 
-    async fn client_with_reply_delay(
+    async fn client_through_proxy(
         &self,
-        delay: Duration,
-    ) -> Result<Option<Arc<dyn LockBackend>>, LockError> {
+        op_timeout: Duration,
+    ) -> Result<Option<(Arc<dyn LockBackend>, Link)>, LockError> {
         let (false, [server]) = (self.cluster, self.servers.as_slice()) else {
             return Ok(None);
         };
-        let proxy = Proxy::start(server.addr()).map_err(|e| LockError::Config(e.to_string()))?;
-        proxy.set_mode(Mode::Delay(delay));
-        let url = self
-            .url
-            .replacen(&server.addr().to_string(), &proxy.addr().to_string(), 1);
-        self.proxies
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(proxy);
-        Ok(Some(Arc::new(RedisBackend::connect(&url).await?)))
+        let link = Link::to(&[server.addr()])?;
+        let url = link.url(&self.url, "op_timeout", op_timeout);
+        Ok(Some((Arc::new(RedisBackend::connect(&url).await?), link)))
     }
 }
 
@@ -65,7 +56,6 @@ fn single(query: &str) -> Result<Arc<dyn Fixture>, String> {
         url: format!("{}/0{query}", server.url()),
         servers: vec![server],
         cluster: false,
-        proxies: Mutex::default(),
     }))
 }
 
@@ -96,7 +86,6 @@ fn cluster(query: &str, keyspace_events: bool) -> Result<Arc<dyn Fixture>, Strin
         url: format!("redis+cluster://{}{query}", cluster.seed_nodes()),
         servers: cluster.into_servers(),
         cluster: true,
-        proxies: Mutex::default(),
     }))
 }
 
@@ -170,8 +159,6 @@ pub(super) fn cluster_fair() -> Registration {
 /// servers.
 struct RedlockFixture {
     servers: Vec<RedisServer>,
-    /// Proxies of delayed clients, alive as long as the fixture.
-    proxies: Mutex<Vec<Proxy>>,
 }
 
 #[async_trait]
@@ -184,26 +171,17 @@ impl Fixture for RedlockFixture {
         Ok(Arc::new(RedlockBackend::connect(&url).await?))
     }
 
-    /// Every node behind its own delaying proxy, with a per-node timeout
-    /// that the delay fits in.
-    async fn client_with_reply_delay(
+    /// Every node behind its own proxy; `op_timeout` is the per-node
+    /// timeout.
+    async fn client_through_proxy(
         &self,
-        delay: Duration,
-    ) -> Result<Option<Arc<dyn LockBackend>>, LockError> {
-        let mut hosts = Vec::new();
-        for server in &self.servers {
-            let proxy =
-                Proxy::start(server.addr()).map_err(|e| LockError::Config(e.to_string()))?;
-            proxy.set_mode(Mode::Delay(delay));
-            hosts.push(proxy.addr().to_string());
-            self.proxies
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(proxy);
-        }
-        let timeout = (delay * 8).as_millis();
-        let url = format!("redlock://{}?timeout={timeout}ms", hosts.join(","));
-        Ok(Some(Arc::new(RedlockBackend::connect(&url).await?)))
+        op_timeout: Duration,
+    ) -> Result<Option<(Arc<dyn LockBackend>, Link)>, LockError> {
+        let servers: Vec<_> = self.servers.iter().map(RedisServer::addr).collect();
+        let link = Link::to(&servers)?;
+        let url = format!("redlock://{}", RedisServer::host_list(&self.servers));
+        let url = link.url(&url, "timeout", op_timeout);
+        Ok(Some((Arc::new(RedlockBackend::connect(&url).await?), link)))
     }
 }
 
@@ -214,10 +192,7 @@ pub(super) fn redlock() -> Registration {
         guarantees: || backend_redis::guarantees(Algorithm::Redlock),
         setup: || {
             let servers = RedisServer::start_independent(5, &[]).map_err(|e| e.to_string())?;
-            Ok(Arc::new(RedlockFixture {
-                servers,
-                proxies: Mutex::default(),
-            }))
+            Ok(Arc::new(RedlockFixture { servers }))
         },
     }
 }

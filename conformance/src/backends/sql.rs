@@ -2,16 +2,16 @@
 //! PostgreSQL and MariaDB spawned by the test kit.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use backend_sql::{Dialect, SqlBackend};
 use lock_core::{Guarantees, LockBackend, LockError};
-use testkit::{MariaDbServer, Mode, PostgresServer, Proxy};
+use testkit::{MariaDbServer, PostgresServer};
 
 use super::Registration;
-use crate::fixture::Fixture;
+use crate::fixture::{Fixture, Link};
 
 /// What keeps the database alive for the whole run.
 enum Keep {
@@ -26,8 +26,6 @@ struct SqlFixture {
     dialect: Dialect,
     url: String,
     keep: Keep,
-    /// Proxies of delayed clients, alive as long as the fixture.
-    proxies: Mutex<Vec<Proxy>>,
 }
 
 #[async_trait]
@@ -54,25 +52,18 @@ impl Fixture for SqlFixture {
         }
     }
 
-    async fn client_with_reply_delay(
+    async fn client_through_proxy(
         &self,
-        delay: Duration,
-    ) -> Result<Option<Arc<dyn LockBackend>>, LockError> {
+        op_timeout: Duration,
+    ) -> Result<Option<(Arc<dyn LockBackend>, Link)>, LockError> {
         let addr = match &self.keep {
             Keep::Dir(_) => return Ok(None),
             Keep::Postgres(server) => server.addr(),
             Keep::MariaDb(server) => server.addr(),
         };
-        let proxy = Proxy::start(addr).map_err(|e| LockError::Config(e.to_string()))?;
-        proxy.set_mode(Mode::Delay(delay));
-        let url = self
-            .url
-            .replacen(&addr.to_string(), &proxy.addr().to_string(), 1);
-        self.proxies
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(proxy);
-        Ok(Some(Arc::new(SqlBackend::connect(&url).await?)))
+        let link = Link::to(&[addr])?;
+        let url = link.url(&self.url, "op_timeout", op_timeout);
+        Ok(Some((Arc::new(SqlBackend::connect(&url).await?), link)))
     }
 }
 
@@ -110,7 +101,6 @@ fn sqlite_setup() -> Result<Arc<dyn Fixture>, String> {
         dialect: Dialect::Sqlite,
         url,
         keep: Keep::Dir(dir),
-        proxies: Mutex::default(),
     }))
 }
 
@@ -120,7 +110,6 @@ fn postgres_setup() -> Result<Arc<dyn Fixture>, String> {
         dialect: Dialect::Postgres,
         url: server.url(),
         keep: Keep::Postgres(server),
-        proxies: Mutex::default(),
     }))
 }
 
@@ -132,7 +121,6 @@ fn mariadb_setup() -> Result<Arc<dyn Fixture>, String> {
         dialect: Dialect::MySql,
         url,
         keep: Keep::MariaDb(server),
-        proxies: Mutex::default(),
     }))
 }
 

@@ -1,16 +1,16 @@
 //! ZooKeeper spawned by the test kit: a standalone server, and a
 //! three-server ensemble whose clients know all three.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use backend_zk::ZkBackend;
 use lock_core::{Guarantees, LockBackend, LockError};
-use testkit::{Mode, Proxy, ZooKeeperEnsemble, ZooKeeperServer};
+use testkit::{ZooKeeperEnsemble, ZooKeeperServer};
 
 use super::Registration;
-use crate::fixture::Fixture;
+use crate::fixture::{Fixture, Link};
 
 /// What keeps the servers alive for the whole run.
 enum Keep {
@@ -23,8 +23,6 @@ enum Keep {
 struct ZkFixture {
     url: String,
     keep: Keep,
-    /// Proxies of delayed clients, alive as long as the fixture.
-    proxies: Mutex<Vec<Proxy>>,
 }
 
 #[async_trait]
@@ -47,24 +45,19 @@ impl Fixture for ZkFixture {
         Ok(true)
     }
 
-    async fn client_with_reply_delay(
+    async fn client_through_proxy(
         &self,
-        delay: Duration,
-    ) -> Result<Option<Arc<dyn LockBackend>>, LockError> {
-        // Of an ensemble, one server behind the proxy: the deadline
-        // arithmetic does not depend on which server answers.
+        op_timeout: Duration,
+    ) -> Result<Option<(Arc<dyn LockBackend>, Link)>, LockError> {
+        // Of an ensemble, one server behind the proxy: what a case checks
+        // does not depend on which server answers.
         let upstream = match &self.keep {
             Keep::Single(server) => server.addr(),
             Keep::Ensemble(ensemble) => ensemble.members()[0].addr(),
         };
-        let proxy = Proxy::start(upstream).map_err(|e| LockError::Config(e.to_string()))?;
-        proxy.set_mode(Mode::Delay(delay));
-        let url = format!("zk://{}", proxy.addr());
-        self.proxies
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(proxy);
-        Ok(Some(Arc::new(ZkBackend::connect(&url).await?)))
+        let link = Link::to(&[upstream])?;
+        let url = link.url(&format!("zk://{upstream}"), "op_timeout", op_timeout);
+        Ok(Some((Arc::new(ZkBackend::connect(&url).await?), link)))
     }
 }
 
@@ -91,7 +84,6 @@ fn single_setup() -> Result<Arc<dyn Fixture>, String> {
     Ok(Arc::new(ZkFixture {
         url: format!("zk://{}", server.connect_string()),
         keep: Keep::Single(Box::new(server)),
-        proxies: Mutex::default(),
     }))
 }
 
@@ -100,6 +92,5 @@ fn ensemble_setup() -> Result<Arc<dyn Fixture>, String> {
     Ok(Arc::new(ZkFixture {
         url: format!("zk://{}", ensemble.connect_string()),
         keep: Keep::Ensemble(ensemble),
-        proxies: Mutex::default(),
     }))
 }

@@ -166,9 +166,9 @@ pub(crate) async fn deadline_is_counted_from_the_send(ctx: &Ctx<'_>) {
         .client_with_reply_delay(delay)
         .await
         .unwrap_or_else(|e| panic!("delayed client: {e}"));
-    let (client, delay) = match delayed {
-        Some(client) => (client, delay),
-        None => (ctx.client().await, Duration::ZERO),
+    let (client, delay, _link) = match delayed {
+        Some((client, link)) => (client, delay, Some(link)),
+        None => (ctx.client().await, Duration::ZERO, None),
     };
     // Scheduling noise between the reply and this task seeing it.
     let noise = Duration::from_millis(10);

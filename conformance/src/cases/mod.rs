@@ -70,6 +70,7 @@ pub fn all() -> Vec<Case> {
         case!(waiting::acquire_times_out_at_the_deadline),
         case!(waiting::cancelled_waiter_leaves_nothing_behind),
         case!(waiting::acquire_without_a_wait_waits_for_the_holder),
+        case!(waiting::calls_answer_in_time_when_the_service_is_cut_off),
         case!(waiting::wake_up_hands_off_below_the_polling_floor, |g| {
             g.wait != WaitMechanism::Poll
         }),

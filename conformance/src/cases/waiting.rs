@@ -1,8 +1,10 @@
 use std::time::Duration;
 
-use lock_core::LockError;
+use lock_core::{AcquireRequest, LockError, OwnerToken};
+use testkit::Mode;
 use tokio::time::Instant;
 
+use super::raw_try;
 use crate::fixture::Ctx;
 
 /// A waiter gets the lock when the holder releases, not before, and
@@ -209,4 +211,91 @@ pub(crate) async fn wake_up_hands_off_below_the_polling_floor(ctx: &Ctx<'_>) {
         ctx.guarantees().backend,
         ctx.guarantees().wait
     );
+}
+
+/// Every call answers in bounded time when the service stops answering
+/// (the network cut without a word, as a partition does): a waiting
+/// acquire within its wait plus one `op_timeout` (an attempt in flight when
+/// the wait ends gets one `op_timeout` to answer), and `try_acquire`,
+/// `renew` and `release` within one `op_timeout`. None of them claims what
+/// it could not learn: the acquisitions do not get the lock, and renew and
+/// release fail with a retryable error.
+///
+/// Where the fixture has no network to cut (in-process and embedded
+/// backends, cluster clients that would bypass a proxy), the same calls on
+/// a healthy client are held to the same bounds.
+pub(crate) async fn calls_answer_in_time_when_the_service_is_cut_off(ctx: &Ctx<'_>) {
+    let name = ctx.name("cut-off");
+    let mine = ctx.name("cut-off-mine");
+    let ttl = ctx.ttl(Duration::from_secs(30));
+    // Longer than a driver takes to notice the dead connection by itself
+    // (the ZooKeeper client: about 4.5 s at a 30 s session), so that what
+    // a backend does after that notice is timed too.
+    let op_timeout = Duration::from_secs(5);
+    let wait = Duration::from_millis(500);
+    // Scheduling on a loaded two-core machine.
+    let slack = Duration::from_secs(1);
+    let holder = ctx.client().await;
+    let theirs = raw_try(&holder, &name, ttl)
+        .await
+        .expect("the name is free");
+    let proxied = ctx
+        .fixture()
+        .client_through_proxy(op_timeout)
+        .await
+        .unwrap_or_else(|e| panic!("proxied client: {e}"));
+    let (client, link) = match proxied {
+        Some((client, link)) => (client, Some(link)),
+        None => (ctx.client().await, None),
+    };
+    // Connections, sessions and scripts ready before the cut, so that what
+    // is timed is the calls, not a first connect.
+    let held = raw_try(&client, &mine, ttl).await.expect("free");
+    assert!(raw_try(&client, &name, ttl).await.is_none(), "held");
+    if let Some(link) = &link {
+        link.set_mode(Mode::Blackhole);
+    }
+
+    let req =
+        |wait| AcquireRequest::new(name.clone(), OwnerToken::random(), ttl, wait).expect("request");
+    let (waiting, trying) = (req(wait), req(Duration::ZERO));
+    // All at once: each is held to its own bound, and the case takes one
+    // op_timeout, not four.
+    let (waited, tried, renewed, released) = tokio::join!(
+        timed(client.acquire(&waiting)),
+        timed(client.try_acquire(&trying)),
+        timed(async { client.renew(&held).await.map(drop) }),
+        timed(client.release(&held)),
+    );
+    for (what, (r, took), bound) in [
+        ("acquire", waited, wait + op_timeout),
+        ("try_acquire", tried, op_timeout),
+    ] {
+        assert!(!matches!(r, Ok(Some(_))), "{what} got a held lock: {r:?}");
+        assert!(
+            took <= bound + slack,
+            "{what} with a {wait:?} wait and a {op_timeout:?} op_timeout answered after {took:?}: {r:?}"
+        );
+    }
+    for (what, (r, took)) in [("renew", renewed), ("release", released)] {
+        assert!(
+            took <= op_timeout + slack,
+            "{what} with a {op_timeout:?} op_timeout answered after {took:?}: {r:?}"
+        );
+        if link.is_some() {
+            assert!(
+                r.as_ref().is_err_and(LockError::is_retryable),
+                "{what} on a cut link: expected a retryable error, got {r:?}"
+            );
+        }
+    }
+    drop(link);
+    holder.release(&theirs).await.expect("release");
+}
+
+/// What `f` returned and how long it took.
+async fn timed<T>(f: impl std::future::Future<Output = T>) -> (T, Duration) {
+    let started = Instant::now();
+    let r = f.await;
+    (r, started.elapsed())
 }
