@@ -58,12 +58,14 @@ pub trait Fixture: Send + Sync {
     /// A client whose every byte to and from the service is delayed by
     /// `delay`, so a case can tell a deadline taken at send time from one
     /// taken at receipt: [`client_through_proxy`](Self::client_through_proxy)
-    /// with a per-request timeout the delay fits in many times over.
+    /// with a per-request timeout the delay fits in many times over (a SQL
+    /// renew on a fresh connection is a dozen delayed round trips: connect,
+    /// authenticate, begin, update, commit).
     async fn client_with_reply_delay(
         &self,
         delay: Duration,
     ) -> Result<Option<(Arc<dyn LockBackend>, Link)>, LockError> {
-        let op_timeout = (delay * 8).max(Duration::from_secs(2));
+        let op_timeout = (delay * 64).max(Duration::from_secs(10));
         let Some((client, link)) = self.client_through_proxy(op_timeout).await? else {
             return Ok(None);
         };

@@ -159,7 +159,10 @@ fn freed_soon_after_the_ttl(ctx: &Ctx<'_>, freed_after: Duration, ttl: Duration)
 /// single-server Redis fixtures run the same code behind one).
 pub(crate) async fn deadline_is_counted_from_the_send(ctx: &Ctx<'_>) {
     let name = ctx.name("send-time");
-    let ttl = ctx.ttl(Duration::from_secs(3));
+    // Long enough for a renew that opens a fresh connection through the
+    // delayed proxy (a SQL pool's connection can still be on its way back
+    // from the acquire): a dozen delayed round trips, about 3.6 s.
+    let ttl = ctx.ttl(Duration::from_secs(10));
     let delay = Duration::from_millis(150);
     let delayed = ctx
         .fixture()
