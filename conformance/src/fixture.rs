@@ -60,7 +60,7 @@ pub trait Fixture: Send + Sync {
     /// taken at receipt: [`client_through_proxy`](Self::client_through_proxy)
     /// with a per-request timeout the delay fits in many times over (a SQL
     /// renew on a fresh connection is a dozen delayed round trips: connect,
-    /// authenticate, begin, update, commit).
+    /// authenticate, prepare the backend's statements, then the renew).
     async fn client_with_reply_delay(
         &self,
         delay: Duration,
