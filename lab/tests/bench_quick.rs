@@ -103,6 +103,19 @@ fn quick_run_writes_the_report_with_sane_numbers() {
                 "{want} {part}: empty scripts' server CPU: {server}"
             );
         }
+        // Raw with the checks a lock cannot do without, where the service
+        // makes them costlier requests (etcd only), in both measurements.
+        for part in ["cycle", "parallel"] {
+            let checked = &b[part]["checked_raw_per_s"];
+            if want == "etcd" {
+                assert!(
+                    checked.as_f64().is_some_and(|c| c > 0.0),
+                    "{want} {part}: checked raw cycles/s: {checked}"
+                );
+            } else {
+                assert!(checked.is_null(), "{want} {part}: {checked}");
+            }
+        }
         assert!(num(b, &["parallel", "ratio"]) > 0.0, "{want} 64-task ratio");
         assert!(
             num(b, &["parallel", "backend_per_s"]) > 0.0,

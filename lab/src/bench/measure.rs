@@ -47,6 +47,10 @@ pub struct Cycle {
     /// Where the server's command thread can be measured (Redis), its CPU
     /// per cycle, polylock's and raw.
     pub server: Option<ServerCpu>,
+    /// Where a lock's owner-checked release is a costlier request than
+    /// raw's bare delete (etcd: `Raw::checked_cycle`), raw's cycles per
+    /// second with that check, from rounds between the others.
+    pub checked_raw_per_s: Option<f64>,
     /// The mean cycle of each round, per side, in µs: how much the machine
     /// moved the figures between interleaved rounds.
     pub round_means_us: RoundMeans,
@@ -98,6 +102,8 @@ pub(crate) async fn cycle(t: &Target, locker: &Locker, d: Duration) -> Res<Cycle
     let mut server_measured = true;
     // Server CPU µs and cycles of the empty scripts (Redis).
     let mut empty = (0.0, 0u64);
+    // Wall seconds and cycles of raw with a checked release (etcd).
+    let mut checked = (0.0, 0u64);
     let mut means = [Vec::new(), Vec::new(), Vec::new()];
     // Warm-up: connections, sessions, prepared statements.
     for _ in 0..20 {
@@ -140,6 +146,7 @@ pub(crate) async fn cycle(t: &Target, locker: &Locker, d: Duration) -> Res<Cycle
             }
         }
         empty_scripts_round(t, 1, per, &mut empty).await?;
+        checked_raw_round(t, 1, per, &mut checked).await?;
     }
     let mut rt = Vec::new();
     let started = Instant::now();
@@ -168,6 +175,7 @@ pub(crate) async fn cycle(t: &Target, locker: &Locker, d: Duration) -> Res<Cycle
             polylock_busy: p.2 / 1e6 / p.0.as_secs_f64().max(f64::MIN_POSITIVE),
             empty_scripts_us_per_cycle: empty.0 / empty.1 as f64,
         }),
+        checked_raw_per_s: checked_rate(checked),
         round_means_us: RoundMeans {
             polylock: polylock_means,
             raw: raw_means,
@@ -242,6 +250,8 @@ pub struct Parallel {
     /// Where the server's command thread can be measured (Redis: see
     /// `Target::server_cpu_us`), its CPU time per cycle.
     pub server: Option<ServerCpu>,
+    /// As [`Cycle::checked_raw_per_s`], with the same tasks.
+    pub checked_raw_per_s: Option<f64>,
     /// The wall time per cycle (all tasks together) of each round, per
     /// side, in µs: how much the machine moved the figures between
     /// interleaved rounds, so that a split of the gap can be told from noise.
@@ -318,6 +328,42 @@ async fn empty_scripts_round(
     Ok(())
 }
 
+/// One round of `tasks` tasks running `Raw::checked_cycle` for `d`, taken
+/// between the other sides' rounds: wall seconds and cycles, added to
+/// `sum`. Nothing where raw's release needs no costlier check.
+async fn checked_raw_round(t: &Target, tasks: usize, d: Duration, sum: &mut (f64, u64)) -> Res<()> {
+    // Also the warm-up of this side.
+    if t.raw.checked_cycle("bench/checked").await?.is_none() {
+        return Ok(());
+    }
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let stop = started + d;
+    let mut handles = Vec::new();
+    for i in 0..tasks {
+        let (done, raw) = (done.clone(), t.raw.clone());
+        handles.push(tokio::spawn(async move {
+            let name = format!("bench/checked/{i}");
+            while Instant::now() < stop {
+                raw.checked_cycle(&name).await?;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, String>(())
+        }));
+    }
+    for h in handles {
+        h.await.map_err(|e| e.to_string())??;
+    }
+    sum.0 += started.elapsed().as_secs_f64();
+    sum.1 += done.load(Ordering::Relaxed);
+    Ok(())
+}
+
+/// Cycles per second of what [`checked_raw_round`] summed, if anything.
+fn checked_rate((wall, n): (f64, u64)) -> Option<f64> {
+    (n > 0).then(|| n as f64 / wall.max(f64::MIN_POSITIVE))
+}
+
 pub(crate) async fn parallel(
     t: &Target,
     locker: &Locker,
@@ -336,6 +382,8 @@ pub(crate) async fn parallel(
     let mut server_measured = true;
     // Server CPU µs and cycles of the empty scripts (Redis).
     let mut empty = (0.0, 0u64);
+    // Wall seconds and cycles of raw with a checked release (etcd).
+    let mut checked = (0.0, 0u64);
     let orders = [
         [Polylock, Raw, Backend],
         [Raw, Backend, Polylock],
@@ -382,6 +430,7 @@ pub(crate) async fn parallel(
             }
         }
         empty_scripts_round(t, tasks, per, &mut empty).await?;
+        checked_raw_round(t, tasks, per, &mut checked).await?;
     }
     let rate = |(wall, n, _, _): (f64, u64, f64, f64)| n as f64 / wall.max(f64::MIN_POSITIVE);
     let per_cycle = |us: f64, n: u64| us / n.max(1) as f64;
@@ -404,6 +453,7 @@ pub(crate) async fn parallel(
             polylock_busy: p.2 / 1e6 / p.0.max(f64::MIN_POSITIVE),
             empty_scripts_us_per_cycle: per_cycle(empty.0, empty.1),
         }),
+        checked_raw_per_s: checked_rate(checked),
         round_means_us: RoundMeans {
             polylock: polylock_means,
             raw: raw_means,

@@ -34,6 +34,23 @@ fn find<'a>(r: &'a Report, name: &str) -> Option<&'a BackendReport> {
     r.backends.iter().find(|b| b.backend == name)
 }
 
+/// Raw's rate with the checks a lock cannot do without, where the service
+/// makes them costlier requests (etcd), next to raw's and polylock's: the
+/// part of the gap that is the checks', which no client can save.
+fn checked_raw(checked: Option<f64>, raw_per_s: f64, polylock_per_s: f64) -> String {
+    checked.map_or_else(String::new, |c| {
+        format!(
+            "; raw with the checks a lock cannot do without (its create also counts the \
+             name's queue, whether it is first; its release is a transaction that deletes the key \
+             only at the create revision the acquire made, where raw sends a bare delete, and \
+             etcd runs any transaction that writes on a slower path than a plain delete) ran \
+             {c:.0} cycles/s in the same run, {:.2} of raw: polylock is {:.2} of that",
+            c / raw_per_s.max(f64::MIN_POSITIVE),
+            polylock_per_s / c.max(f64::MIN_POSITIVE)
+        )
+    })
+}
+
 /// Why the many-tasks rate misses raw's, from the same run: the gap in
 /// time per cycle (all tasks together) split into the backend's own
 /// requests and the lock layer around them, this process's CPU per cycle
@@ -88,6 +105,11 @@ fn parallel_gap(p: &super::Parallel) -> String {
             }
         ));
     }
+    why.push_str(&checked_raw(
+        p.checked_raw_per_s,
+        p.raw_per_s,
+        p.polylock_per_s,
+    ));
     why
 }
 
@@ -144,12 +166,13 @@ fn cycle_gap(c: &super::Cycle) -> String {
     });
     let m = &c.round_means_us;
     let se = super::measure::RoundMeans::std_error_of_difference;
+    let checked = checked_raw(c.checked_raw_per_s, c.raw_per_s, c.polylock_per_s);
     format!(
         "a cycle took {:.0} ± {:.0} µs more than raw ({:.0} vs {:.0} µs): the backend's own requests, \
          called without the lock layer, {:+.0} ± {:.0} µs{server}; the lock layer (Locker, guard, \
          watchdog) {:+.0} ± {:.0} µs (alone, over the in-memory backend: {:.1} µs a cycle; ± is one \
          standard error over the {} interleaved rounds: a part within about two of them is the \
-         machine's noise, not a cost)",
+         machine's noise, not a cost){checked}",
         ours - raw,
         se(&m.polylock, &m.raw),
         ours,
@@ -810,6 +833,11 @@ pub fn markdown(r: &Report) -> String {
          round of both measurements, and each round also has a turn of two scripts that do \
          nothing (`return 0`), sent as polylock's are, with the same keys and as many \
          arguments: what running a script at all costs the server.\n\
+         - Checked raw (etcd): each round of both measurements also has a turn of raw with the \
+         checks a lock cannot do without, in the same two round trips: the create also counts \
+         the name's queue, and the release is a transaction comparing the key's create \
+         revision instead of a bare delete (etcd runs any transaction that writes on a slower \
+         path than a plain delete).\n\
          - Contention: each worker has its own client and loops acquire (wait) → hold → release. \
          Hand-off: from the start of a release to another worker's acquire returning. Wait: from \
          asking to holding. The hold is busy (yielding) rather than a timer sleep, \
@@ -1009,6 +1037,7 @@ mod tests {
                 raw_us_per_cycle: 50.0,
             },
             server: None,
+            checked_raw_per_s: None,
             round_means_us: RoundMeans {
                 polylock: vec![100.0, 140.0, 100.0, 140.0],
                 raw: vec![100.0; 4],
@@ -1026,5 +1055,19 @@ mod tests {
             "{why}"
         );
         assert!(why.contains("over the 4 interleaved rounds"), "{why}");
+        assert!(!why.contains("checked"), "{why}");
+        // Where raw with a checked release was measured (etcd), the gap is
+        // also set against it.
+        let checked = super::super::Parallel {
+            checked_raw_per_s: Some(1e6 / 115.0),
+            ..p
+        };
+        let why = parallel_gap(&checked);
+        assert!(
+            why.contains(
+                "ran 8696 cycles/s in the same run, 0.87 of raw: polylock is 0.96 of that"
+            ),
+            "{why}"
+        );
     }
 }
