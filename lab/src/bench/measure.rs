@@ -287,6 +287,56 @@ pub struct ServerCpu {
     pub empty_scripts_us_per_cycle: f64,
 }
 
+/// A raw cycle that only some services have, run in turns of its own
+/// between the other sides' rounds.
+#[derive(Clone, Copy)]
+enum ExtraTurn {
+    /// `Raw::empty_scripts_cycle` (Redis).
+    EmptyScripts,
+    /// `Raw::checked_cycle` (etcd).
+    Checked,
+}
+
+impl ExtraTurn {
+    /// One cycle on `name`; `None` where the service has no such cycle.
+    async fn cycle(self, raw: &super::target::Raw, name: &str) -> Res<Option<()>> {
+        match self {
+            ExtraTurn::EmptyScripts => raw.empty_scripts_cycle(name).await,
+            ExtraTurn::Checked => raw.checked_cycle(name).await,
+        }
+    }
+
+    /// One cycle before the timed part, which loads what it needs (a
+    /// script) outside the measurement; false where the service has no
+    /// such cycle.
+    async fn ready(self, t: &Target) -> Res<bool> {
+        Ok(self.cycle(&t.raw, "bench/extra").await?.is_some())
+    }
+
+    /// `tasks` tasks running this turn's cycle until `d` has passed: the
+    /// cycles done. Call [`ready`](Self::ready) first.
+    async fn run(self, t: &Target, tasks: usize, d: Duration) -> Res<u64> {
+        let done = Arc::new(AtomicU64::new(0));
+        let stop = Instant::now() + d;
+        let mut handles = Vec::new();
+        for i in 0..tasks {
+            let (done, raw) = (done.clone(), t.raw.clone());
+            handles.push(tokio::spawn(async move {
+                let name = format!("bench/extra/{i}");
+                while Instant::now() < stop {
+                    self.cycle(&raw, &name).await?;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<_, String>(())
+            }));
+        }
+        for h in handles {
+            h.await.map_err(|e| e.to_string())??;
+        }
+        Ok(done.load(Ordering::Relaxed))
+    }
+}
+
 /// One round of `tasks` tasks running `Raw::empty_scripts_cycle` for
 /// `d`, taken between the other sides' rounds: the server's CPU µs and the
 /// cycles, added to `sum`. Nothing where the server has no scripts or no
@@ -297,33 +347,17 @@ async fn empty_scripts_round(
     d: Duration,
     sum: &mut (f64, u64),
 ) -> Res<()> {
-    // Also loads the script, outside the measurement.
-    if t.raw.empty_scripts_cycle("bench/empty").await?.is_none() {
+    let turn = ExtraTurn::EmptyScripts;
+    if !turn.ready(t).await? {
         return Ok(());
     }
     let Some(before) = t.server_cpu_us().await? else {
         return Ok(());
     };
-    let done = Arc::new(AtomicU64::new(0));
-    let stop = Instant::now() + d;
-    let mut handles = Vec::new();
-    for i in 0..tasks {
-        let (done, raw) = (done.clone(), t.raw.clone());
-        handles.push(tokio::spawn(async move {
-            let name = format!("bench/empty/{i}");
-            while Instant::now() < stop {
-                raw.empty_scripts_cycle(&name).await?;
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok::<_, String>(())
-        }));
-    }
-    for h in handles {
-        h.await.map_err(|e| e.to_string())??;
-    }
+    let n = turn.run(t, tasks, d).await?;
     if let Some(after) = t.server_cpu_us().await? {
         sum.0 += after - before;
-        sum.1 += done.load(Ordering::Relaxed);
+        sum.1 += n;
     }
     Ok(())
 }
@@ -332,30 +366,14 @@ async fn empty_scripts_round(
 /// between the other sides' rounds: wall seconds and cycles, added to
 /// `sum`. Nothing where raw's release needs no costlier check.
 async fn checked_raw_round(t: &Target, tasks: usize, d: Duration, sum: &mut (f64, u64)) -> Res<()> {
-    // Also the warm-up of this side.
-    if t.raw.checked_cycle("bench/checked").await?.is_none() {
+    let turn = ExtraTurn::Checked;
+    if !turn.ready(t).await? {
         return Ok(());
     }
-    let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
-    let stop = started + d;
-    let mut handles = Vec::new();
-    for i in 0..tasks {
-        let (done, raw) = (done.clone(), t.raw.clone());
-        handles.push(tokio::spawn(async move {
-            let name = format!("bench/checked/{i}");
-            while Instant::now() < stop {
-                raw.checked_cycle(&name).await?;
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok::<_, String>(())
-        }));
-    }
-    for h in handles {
-        h.await.map_err(|e| e.to_string())??;
-    }
+    let n = turn.run(t, tasks, d).await?;
     sum.0 += started.elapsed().as_secs_f64();
-    sum.1 += done.load(Ordering::Relaxed);
+    sum.1 += n;
     Ok(())
 }
 

@@ -422,23 +422,12 @@ impl Raw {
         // The queue of `name`: the claim keys are `raw/{name}/{lease:x}`.
         let (first, end) = (format!("raw/{name}/0"), format!("raw/{name}/g"));
         let mut kv = c.kv_client();
-        let txn = Txn::new()
-            .when(vec![Compare::create_revision(
-                key.as_str(),
-                CompareOp::Equal,
-                0,
-            )])
-            .and_then(vec![
-                TxnOp::put(
-                    key.as_str(),
-                    "0123456789abcdef0123456789abcdef",
-                    Some(PutOptions::new().with_lease(*lease)),
-                ),
-                TxnOp::get(
-                    first.as_str(),
-                    Some(GetOptions::new().with_range(end.as_str()).with_count_only()),
-                ),
-            ]);
+        let txn = etcd_create(
+            &key,
+            "0123456789abcdef0123456789abcdef",
+            *lease,
+            Some((&first, &end)),
+        );
         let created = kv.txn(txn).await.map_err(|e| err("raw txn")(&e))?;
         // The put is the transaction's only write: its revision is the
         // key's create revision.
@@ -497,18 +486,9 @@ impl Raw {
             Raw::Etcd(c, lease) => {
                 let key = format!("raw/{name}/{lease:x}");
                 let mut kv = c.kv_client();
-                let txn = Txn::new()
-                    .when(vec![Compare::create_revision(
-                        key.as_str(),
-                        CompareOp::Equal,
-                        0,
-                    )])
-                    .and_then(vec![TxnOp::put(
-                        key.as_str(),
-                        owner,
-                        Some(PutOptions::new().with_lease(*lease)),
-                    )]);
-                kv.txn(txn).await.map_err(|e| err("raw txn")(&e))?;
+                kv.txn(etcd_create(&key, owner, *lease, None))
+                    .await
+                    .map_err(|e| err("raw txn")(&e))?;
                 kv.delete(key.as_str(), None)
                     .await
                     .map_err(|e| err("raw delete")(&e))?;
@@ -817,4 +797,24 @@ async fn http_get(addr: &str, path: &str) -> Res<String> {
         format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes(),
     )
     .await
+}
+
+/// The raw etcd create: `key` with `value` on `lease` if the key does not
+/// exist, and with `queue` (the range of the name's claim keys) also a
+/// count of that range in the same transaction.
+fn etcd_create(key: &str, value: &str, lease: i64, queue: Option<(&str, &str)>) -> Txn {
+    let mut then = vec![TxnOp::put(
+        key,
+        value,
+        Some(PutOptions::new().with_lease(lease)),
+    )];
+    if let Some((first, end)) = queue {
+        then.push(TxnOp::get(
+            first,
+            Some(GetOptions::new().with_range(end).with_count_only()),
+        ));
+    }
+    Txn::new()
+        .when(vec![Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then(then)
 }
