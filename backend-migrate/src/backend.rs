@@ -24,6 +24,15 @@ const BACKEND: &str = "migrate";
 /// In [`Phase::Both`] the lease's fencing token is the target's; its TTL
 /// and local deadline are the shorter of the two sides', so the holder
 /// stops before either lock may expire.
+///
+/// # Answering in time
+/// In [`Phase::Both`] a call is a few steps on two services one after the
+/// other (the legacy lock, the target lock, giving back a side taken), so
+/// it answers within a few of the sides' `op_timeout`s, not one: a side that
+/// stops answering costs one `op_timeout` per step. An acquire also makes
+/// one attempt past its wait when the legacy lease ran out while the target
+/// was being taken (a fresh client's first connection), so that a slow
+/// set-up does not turn a free lock into a refusal.
 #[derive(Debug)]
 pub struct MigrateBackend {
     legacy: Arc<dyn LockBackend>,
@@ -407,8 +416,11 @@ impl LockBackend for MigrateBackend {
     }
 
     /// In `both`: renews both sides. If either side says the lease is lost,
-    /// the other side is released (it no longer protects anything) and the
-    /// result is `Err(Lost)`: loss of either lock is loss of the lock.
+    /// the result is `Err(Lost)`: loss of either lock is loss of the lock.
+    /// The other side stays held (no longer renewed) until the holder
+    /// releases the lease or it expires: the holder hears of the loss only
+    /// now and may still be working, and that side is what keeps its own
+    /// fleet out meanwhile.
     ///
     /// # Cancel safety
     /// Cancel safe: each side's renew is; the old lease's deadline, before
@@ -436,15 +448,6 @@ impl LockBackend for MigrateBackend {
                     if let Err(e) = &t {
                         lost("target", e);
                     }
-                    if !target_lost {
-                        self.release_quietly(&self.target, &target).await;
-                    }
-                    if !legacy_lost {
-                        self.release_quietly(&self.legacy, &legacy).await;
-                    }
-                    // Last: the guard stops its watchdog when it sees the
-                    // revocation, which would drop this future before the
-                    // releases above.
                     if let Some(r) = lease.revocation() {
                         r.cancel();
                     }

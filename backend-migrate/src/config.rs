@@ -146,6 +146,18 @@ impl MigrateConfig {
                 format_args!("the target is missing: expected {USAGE}"),
             ));
         };
+        if to.contains('?') {
+            // The target's own options would end at the first `&`, and the
+            // rest would silently go to the legacy URL (a `prefix=` there
+            // moves the legacy keys away from the legacy-only clients').
+            return Err(outer_error(
+                head,
+                &kept,
+                "option `to`: the target URL has options of its own, so it must be \
+                 percent-encoded (`?` as %3F, `&` as %26, `=` as %3D; \
+                 MigrateConfig::to_url does it)",
+            ));
+        }
         let target = percent_encoding::percent_decode_str(to)
             .decode_utf8()
             .map_err(|_| {
@@ -343,6 +355,10 @@ mod tests {
                 "the legacy URL",
             ),
             ("migrate+redis://:s3cret@h?to=nourl", "the target URL"),
+            (
+                "migrate+redis://:s3cret@h?to=etcd://e:2379?op_timeout=1s&prefix=/app/",
+                "must be percent-encoded",
+            ),
             (
                 "migrate+redis://:s3cret@h?to=redis%3A%2F%2F%3As3cret%40h",
                 "are the same",

@@ -21,7 +21,8 @@
 //!
 //! In `both`, the fencing token is the target's, and loss of either lock is
 //! loss of the lock: a failed renewal of either side, or either side's own
-//! revocation signal, revokes the composite lease.
+//! revocation signal, revokes the composite lease. The other side stays
+//! held until the lease is released: the holder may still be working.
 //!
 //! URL: `migrate+LEGACY_URL?to=PERCENT_ENCODED_TARGET_URL&phase=both`, for
 //! example `migrate+redis://cache:6379?to=etcd%3A%2F%2Fetcd%3A2379&phase=both`

@@ -200,6 +200,12 @@ fn status_of_a_migration_lock_shows_both_sides() {
         ),
         "{s}"
     );
+    // The same picture as a `both` client waiting for the target, which
+    // holds the legacy lock meanwhile: the message says how to tell.
+    assert!(
+        s.contains("unless the legacy holder is a `both` client waiting for the target"),
+        "{s}"
+    );
     rt.block_on(t.release()).unwrap();
     rt.block_on(g.release()).unwrap();
 

@@ -141,8 +141,11 @@ pub(crate) async fn status_migrate(url: &str, name: &str) -> Result<u8, Failure>
             ),
             (Some(l), Some(t)) => println!(
                 "  WARNING: two clients hold the two sides (legacy: pid {} on {}; target: pid {} \
-                 on {}): a legacy-only and a `target` client do not exclude each other; \
-                 every service must be in `both` before any moves to `target`",
+                 on {}): a legacy-only and a `target` client, which do not exclude each other \
+                 (every service must be in `both` before any moves to `target`), unless the \
+                 legacy holder is a `both` client waiting for the target: that one lets go of \
+                 the legacy lock within half its TTL, so the same legacy fencing token a TTL \
+                 later rules it out",
                 l.pid,
                 shown(&l.host),
                 t.pid,
