@@ -71,7 +71,12 @@ impl ClockPolicy {
         if !(0.0..1.0).contains(&self.drift) {
             return Duration::ZERO;
         }
-        ttl.mul_f64(1.0 - self.drift).saturating_sub(self.margin)
+        // Capped at the longest TTL first: `Duration::MAX * 1.0` does not
+        // fit a Duration and `mul_f64` would panic (a drift of zero, a TTL
+        // from a public field). Trusting less never costs safety.
+        ttl.min(crate::MAX_TTL)
+            .mul_f64(1.0 - self.drift)
+            .saturating_sub(self.margin)
     }
 
     /// The local deadline of a lease of `ttl` whose request was sent at

@@ -61,7 +61,13 @@ fn redact_query(url: &str) -> String {
     let parts: Vec<String> = query
         .split('&')
         .map(|kv| match kv.split_once('=') {
-            Some((k, _)) if is_secret_key(k) => format!("{k}=***"),
+            // Judged by the name the URL parser reads (`pass%77ord` is
+            // `password` to it), shown as written.
+            Some((k, _))
+                if is_secret_key(&percent_encoding::percent_decode_str(k).decode_utf8_lossy()) =>
+            {
+                format!("{k}=***")
+            }
             Some((k, v)) => match nested_url(v) {
                 Some(inner) => format!("{k}={inner}"),
                 None => kv.to_string(),
@@ -107,6 +113,12 @@ mod tests {
         assert_eq!(
             redact_url("etcd://h:2379?password=x&user=u"),
             "etcd://h:2379?password=***&user=u"
+        );
+        // The URL parser decodes option names, so `pass%77ord` is a
+        // password to it: hidden just the same.
+        assert_eq!(
+            redact_url("postgres://app@db/x?pass%77ord=hunter2&Token=t"),
+            "postgres://app@db/x?pass%77ord=***&Token=***"
         );
         assert_eq!(redact_url("not a url"), "not a url");
         assert_eq!(redact_url("redis://user@h"), "redis://user@h");

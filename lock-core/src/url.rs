@@ -79,6 +79,10 @@ pub struct LockUrl {
     /// [`LockUrl::driver_url`].
     secret_base: String,
     redacted: String,
+    /// An `@` after the host with no user info before it: the path and the
+    /// query may be the rest of a password cut by an unencoded `/` or `?`,
+    /// so errors quote nothing of them (see [`LockUrl::error`]).
+    cut_password: bool,
 }
 
 /// Where the server of a URL is named.
@@ -162,6 +166,7 @@ impl LockUrl {
                 raw_options,
                 secret_base,
                 redacted,
+                cut_password: false,
             });
         }
         // As in every URL: the authority ends at the first '/' or '?', and
@@ -231,6 +236,7 @@ impl LockUrl {
             raw_options,
             secret_base,
             redacted,
+            cut_password: userinfo.is_none() && tail.contains('@'),
         })
     }
 
@@ -311,8 +317,21 @@ impl LockUrl {
         }
     }
 
-    /// A [`LockError::Config`] about this URL.
+    /// A [`LockError::Config`] about this URL. Where an `@` follows the
+    /// host with no user info before it, the reason is not given: it could
+    /// quote a path or an option that is the rest of a password cut by an
+    /// unencoded `/` or `?` (`redis://u:1234?hunter2@cache` reads as host
+    /// `u`, port 1234 and an option `hunter2@cache`).
     pub fn error(&self, why: impl std::fmt::Display) -> LockError {
+        if self.cut_password {
+            return LockError::Config(format!(
+                "`{}`: refused, and the reason is not shown: an `@` after the host with no \
+                 user name before it may be the rest of a password containing `/`, `?` or \
+                 `#`, which must be percent-encoded (`%2F`, `%3F`, `%23`); write an `@` in \
+                 a path or an option as `%40` to see the reason",
+                self.redacted
+            ));
+        }
         LockError::Config(format!("`{}`: {why}", self.redacted))
     }
 
@@ -509,6 +528,23 @@ mod tests {
             assert!(!m.contains("S3cr3t"), "{m}");
             assert!(m.contains("percent-encode"), "{m}");
         }
+        // A cut whose head reads as HOST:PORT parses; what follows is a
+        // path or an option, and no error about it quotes it.
+        let u = LockUrl::parse("redis://u:1234?hunter2@cache", "redis://").unwrap();
+        for m in [
+            u.unknown_option("hunter2@cache", "format").to_string(),
+            u.duration("hunter2@cache", "x").unwrap_err().to_string(),
+            u.error("bad path /hunter2@cache").to_string(),
+        ] {
+            assert!(!m.contains("hunter2"), "{m}");
+            assert!(m.contains("%3F") && m.contains("%40"), "{m}");
+        }
+        // An `@` behind user info is a value like any other.
+        let u = LockUrl::parse("redis://u:pw@cache?prefix=a@b", "redis://").unwrap();
+        assert!(u
+            .unknown_option("x", "y")
+            .to_string()
+            .contains("unknown option `x`"));
     }
 
     /// One host of a URL as a service endpoint, or why not.

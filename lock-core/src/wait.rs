@@ -73,6 +73,23 @@ impl Backoff {
         }
     }
 
+    /// The shortest pause a pacing makes, whatever its public fields say
+    /// (one built by hand may hold zeros, which `new` refuses), so that the
+    /// pacing itself never asks for back-to-back attempts.
+    const MIN_PAUSE: Duration = Duration::from_millis(1);
+
+    /// The first pause.
+    fn first(&self) -> Duration {
+        self.initial.max(Self::MIN_PAUSE)
+    }
+
+    /// The pause after `d`: doubled, up to `max`.
+    fn after(&self, d: Duration) -> Duration {
+        d.saturating_mul(2)
+            .min(self.max.max(self.initial))
+            .max(Self::MIN_PAUSE)
+    }
+
     /// A pause drawn uniformly from `[d/2, d]`, so that waiters released at
     /// the same moment do not retry in lockstep.
     fn jittered(d: Duration) -> Duration {
@@ -108,7 +125,7 @@ impl Pacer {
     pub fn new(backoff: Backoff) -> Self {
         Pacer {
             backoff,
-            next: backoff.initial.max(Duration::from_millis(1)),
+            next: backoff.first(),
         }
     }
 
@@ -119,10 +136,7 @@ impl Pacer {
     pub async fn pause_until(&mut self, deadline: Instant) {
         let pause = Backoff::jittered(self.next);
         sleep_until(deadline.min(crate::lease::later(Instant::now(), pause))).await;
-        self.next = self
-            .next
-            .saturating_mul(2)
-            .min(self.backoff.max.max(self.backoff.initial));
+        self.next = self.backoff.after(self.next);
     }
 }
 
@@ -173,7 +187,7 @@ where
     W: Future<Output = ()>,
     F: FnMut() -> W,
 {
-    let mut delay = backoff.initial.max(Duration::from_millis(1));
+    let mut delay = backoff.first();
     loop {
         let wake = arm();
         let result = attempt().await;
@@ -187,11 +201,7 @@ where
         let until = deadline.min(crate::lease::later(now, Backoff::jittered(delay)));
         tokio::select! {
             _ = wake => {}
-            _ = sleep_until(until) => {
-                delay = delay
-                    .saturating_mul(2)
-                    .min(backoff.max.max(backoff.initial));
-            }
+            _ = sleep_until(until) => delay = backoff.after(delay),
         }
     }
 }

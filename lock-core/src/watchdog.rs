@@ -268,12 +268,10 @@ async fn run(inner: Weak<Inner>, generation: u64) {
         let live = due.iter().filter_map(Weak::upgrade).filter(|h| h.is_held());
         for group in batches(live) {
             match <[Arc<Held>; 1]>::try_from(group) {
-                Ok([held]) => {
-                    let task = tokio::spawn(renew(Arc::clone(&strong), Arc::clone(&held)));
-                    held.set_watchdog(task.abort_handle());
-                }
+                Ok([held]) => spawn_renew(&strong, held),
                 Err(group) => {
-                    tokio::spawn(renew_batch(Arc::clone(&strong), group));
+                    let requeue = Requeue::new(&strong, &group);
+                    tokio::spawn(renew_batch(Arc::clone(&strong), group, requeue));
                 }
             }
         }
@@ -315,24 +313,35 @@ fn batches(due: impl Iterator<Item = Arc<Held>>) -> Vec<Vec<Arc<Held>>> {
     out
 }
 
-/// One renewal of `held`, retried until its deadline; schedules the next.
-async fn renew(inner: Arc<Inner>, held: Arc<Held>) {
-    let requeue = Requeue::new(&inner, std::slice::from_ref(&held));
-    renew_until_deadline(inner, held).await;
-    requeue.disarm();
+/// Spawns one renewal of `held`, retried until its deadline, which
+/// schedules the next; its release can abort it.
+fn spawn_renew(inner: &Arc<Inner>, held: Arc<Held>) {
+    // Made before the spawn and moved into the task: a task its runtime
+    // drops before the first poll (shutting down) still puts the lease back.
+    let requeue = Requeue::new(inner, std::slice::from_ref(&held));
+    let task = tokio::spawn({
+        let (inner, held) = (Arc::clone(inner), Arc::clone(&held));
+        async move {
+            renew_until_deadline(inner, held).await;
+            requeue.disarm();
+        }
+    });
+    held.set_watchdog(task.abort_handle());
 }
 
 /// One `renew_many` for leases of one client. Each answer is handled as a
 /// single renewal's would be; a lease whose answer is a failure other than
 /// a loss (or that got no answer before the earliest deadline of the
 /// batch) goes on alone, retried until its own deadline.
-async fn renew_batch(inner: Arc<Inner>, mut group: Vec<Arc<Held>>) {
+///
+/// `requeue` is made by the spawner, before the spawn: see [`spawn_renew`].
+async fn renew_batch(inner: Arc<Inner>, mut group: Vec<Arc<Held>>, requeue: Requeue) {
     // Released (or revoked) since the scheduler took them: not sent at all.
     group.retain(|h| h.is_held());
     if group.is_empty() {
+        requeue.disarm();
         return;
     }
-    let requeue = Requeue::new(&inner, &group);
     let leases: Vec<_> = group.iter().map(|h| h.current()).collect();
     let backend = Arc::clone(&group[0].backend);
     let deadline = leases
@@ -356,7 +365,7 @@ async fn renew_batch(inner: Arc<Inner>, mut group: Vec<Arc<Held>>) {
         for held in group {
             if !held.gone.is_cancelled() {
                 held.metrics.renew_failed();
-                retry_alone(&inner, held);
+                spawn_renew(&inner, held);
             }
         }
         return;
@@ -382,17 +391,10 @@ async fn renew_batch(inner: Arc<Inner>, mut group: Vec<Arc<Held>>) {
                     error = %e,
                     "polylock: batched renew failed; retrying alone until the deadline"
                 );
-                retry_alone(&inner, held);
+                spawn_renew(&inner, held);
             }
         }
     }
-}
-
-/// Goes on with one lease by its own renewal task, which its release can
-/// abort.
-fn retry_alone(inner: &Arc<Inner>, held: Arc<Held>) {
-    let task = tokio::spawn(renew(Arc::clone(inner), Arc::clone(&held)));
-    held.set_watchdog(task.abort_handle());
 }
 
 /// Puts leases back in the queue when their renewal task is dropped before
@@ -456,19 +458,18 @@ impl Drop for Requeue {
 }
 
 async fn renew_until_deadline(inner: Arc<Inner>, held: Arc<Held>) {
-    let lease = held.current();
-    let mut pause = (lease.ttl() / 20).clamp(Duration::from_millis(5), Duration::from_secs(1));
+    let mut pause =
+        (held.current().ttl() / 20).clamp(Duration::from_millis(5), Duration::from_secs(1));
     loop {
-        // A revocation seen while retrying ends it (recorded as a loss).
+        // Ends it once the lease is released, revoked or past its deadline
+        // (the last two recorded as a loss).
         if !held.is_held() {
             return;
         }
+        // Read again every round: a renewal by hand (`LockGuard::renew`)
+        // may have moved the deadline while these attempts failed.
+        let lease = held.current();
         let deadline = lease.deadline();
-        if Instant::now() >= deadline {
-            // A request sent now could not make the old lease valid again.
-            held.mark_lost("renewal kept failing until the deadline");
-            return;
-        }
         let span = observe::span!(
             DEBUG,
             "polylock.renew",
@@ -505,24 +506,18 @@ async fn renew_until_deadline(inner: Arc<Inner>, held: Arc<Held>) {
                     error = %e,
                     "polylock: renew failed; retrying until the deadline"
                 );
-                let now = Instant::now();
-                if now >= deadline {
-                    held.mark_lost("renewal kept failing until the deadline");
-                    return;
-                }
+                let until = held.current().deadline().min(Instant::now() + pause);
                 tokio::select! {
                     _ = held.gone.cancelled() => return,
-                    _ = sleep_until(deadline.min(now + pause)) => {}
+                    _ = sleep_until(until) => {}
                 }
                 pause = (pause * 2)
                     .min(lease.ttl() / 6)
                     .max(Duration::from_millis(5));
             }
-            Err(_elapsed) => {
-                held.metrics.renew_failed();
-                held.mark_lost("no renewal answered before the deadline");
-                return;
-            }
+            // No answer by the deadline: the next round's is_held records
+            // the loss, unless a renewal by hand moved the deadline.
+            Err(_elapsed) => held.metrics.renew_failed(),
         }
     }
 }

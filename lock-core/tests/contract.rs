@@ -617,6 +617,41 @@ async fn the_watchdog_renews_at_a_third_of_the_ttl_not_before() {
     guard.release().await.unwrap();
 }
 
+/// A renewal by hand rescues a lease whose watchdog renewal hangs: the
+/// watchdog goes on from the deadline the hand renewal published instead
+/// of declaring the lease lost at the old one.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_by_hand_moves_the_deadline_the_watchdog_retries_to() {
+    let backend = Probe::default();
+    let locker = Locker::new(backend.clone());
+    let guard = locker
+        .lock("rescued")
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    let first_deadline = guard.lease().deadline();
+    // The watchdog's renewal at a third of the TTL never answers.
+    backend.hang_next_renew.store(true, Ordering::SeqCst);
+    sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        backend.renews.load(Ordering::SeqCst),
+        1,
+        "the watchdog tried"
+    );
+    guard.renew().await.expect("the renewal by hand answers");
+    assert!(guard.lease().deadline() > first_deadline);
+    tokio::time::sleep_until(first_deadline + Duration::from_millis(200)).await;
+    assert!(
+        guard.is_held(),
+        "lost at the deadline the renewal by hand had moved"
+    );
+    // And the watchdog keeps it from then on.
+    sleep(Duration::from_secs(10)).await;
+    assert!(guard.is_held(), "not renewed after the rescue");
+    guard.release().await.unwrap();
+}
+
 // ---- item 14 ----
 
 #[tokio::test(start_paused = true)]

@@ -179,6 +179,8 @@ async fn huge_durations_set_on_a_request_do_not_panic() {
     .unwrap();
     req.ttl = Duration::MAX;
     req.wait = Duration::MAX;
+    // No drift: `Duration::MAX * (1 - 0)` must not overflow either.
+    req.clock.drift = 0.0;
     req.retry = Some(lock_core::wait::Backoff {
         initial: Duration::MAX,
         max: Duration::MAX,
