@@ -18,7 +18,7 @@ use tokio::time::{sleep, sleep_until, Instant};
 use zookeeper_client::{CreateMode, Error, EventType, MultiReadResult, Stat, WatchedEvent};
 
 use crate::config::ZkConfig;
-use crate::errors::{again, from_zk, outcome_unknown, timed, BACKEND};
+use crate::errors::{again, from_zk, outcome_unknown, retryable, timed, BACKEND};
 use crate::holdings::{self, Expiry, Held, Holdings};
 use crate::path::{
     is_ours, may_lead_to, name_of_path, name_path, node_path, node_prefix, queue, sequence_of,
@@ -1060,7 +1060,7 @@ async fn delete_until_gone(client: zookeeper_client::Client, path: String, op: D
     loop {
         match tokio::time::timeout(op, client.delete(&path, None)).await {
             Ok(Ok(()) | Err(Error::NoNode)) => return,
-            Ok(Err(e)) if !outcome_unknown(&e) => {
+            Ok(Err(e)) if !outcome_unknown(&e) && !retryable(&e) => {
                 // Refused (an ACL, say): trying again changes nothing.
                 tracing::warn!(backend = BACKEND, %path, error = %e, "could not delete a waiter's node");
                 return;
@@ -1189,16 +1189,14 @@ impl LockBackend for ZkBackend {
                 self.inner.held().remove(path);
                 return if release_sent { Ok(()) } else { Err(lost()) };
             }
+            // Marked before the delete leaves: if this future is dropped
+            // after it did, a retried release that finds no node is this
+            // one, not a loss. (The match below reads the mark as it was.)
+            self.inner.held().set_release_sent(path, true);
             // The path holds a uuid of this client's own attempt, and lock
             // nodes are never written (version 0): a node still there is
             // this holding, so no read is needed before the delete.
-            let r = match timed("delete", self.op(), s.client.delete(path, Some(0))).await {
-                Ok(r) => r,
-                Err(no_answer) => {
-                    self.inner.held().mark_release_sent(path);
-                    return Err(no_answer);
-                }
-            };
+            let r = timed("delete", self.op(), s.client.delete(path, Some(0))).await?;
             let forget = || self.inner.held().remove(path);
             let released = || {
                 if let Some((path, _)) = forget() {
@@ -1221,8 +1219,9 @@ impl LockBackend for ZkBackend {
                     Err(lost())
                 }
                 Err(e) => {
-                    if outcome_unknown(&e) {
-                        self.inner.held().mark_release_sent(path);
+                    if !outcome_unknown(&e) {
+                        // Refused: this delete did not land.
+                        self.inner.held().set_release_sent(path, release_sent);
                     }
                     Err(from_zk(&format!("deleting {path}"), e))
                 }

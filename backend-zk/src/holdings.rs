@@ -105,10 +105,10 @@ impl Holdings {
         }
     }
 
-    /// Records that a release of the holding at `path` may have landed.
-    pub(crate) fn mark_release_sent(&mut self, path: &str) {
+    /// Records whether a release of the holding at `path` may have landed.
+    pub(crate) fn set_release_sent(&mut self, path: &str, sent: bool) {
         if let Some(h) = self.by_path.get_mut(path) {
-            h.release_sent = true;
+            h.release_sent = sent;
         }
     }
 
@@ -120,7 +120,10 @@ impl Holdings {
     }
 
     /// Moves the expiry of the holding at `path` to `expires`, if it is
-    /// still the holding with `fence` and has not expired yet.
+    /// still the holding with `fence` and has not expired yet; never
+    /// earlier: of two renewals in flight at once (the watchdog's and one
+    /// by hand), the one sent first may be answered last, and the holder
+    /// keeps the later deadline.
     pub(crate) fn extend(&mut self, path: &str, fence: FencingToken, expires: Instant) -> bool {
         let Some(h) = self.by_path.get_mut(path) else {
             return false;
@@ -131,7 +134,8 @@ impl Holdings {
         let Some(key) = self.expiry.remove(&(h.expires, h.id)) else {
             return false;
         };
-        h.expires = expires;
+        h.expires = expires.max(h.expires);
+        let expires = h.expires;
         self.expiry.insert((expires, h.id), key);
         // Later than before, so the task's plan stays right.
         true

@@ -22,7 +22,9 @@
 //!   EPHEMERAL_SEQUENTIAL node `_c_{uuid}-lock-{sequence}` in it, the name
 //!   Curator's `InterProcessMutex` uses in protected mode, so Curator
 //!   clients and polylock stand in one queue. Parent nodes are created as
-//!   needed and never deleted. A create whose reply was lost is recovered
+//!   needed and left in place; only a lock directory whose sequence
+//!   counter nears its 2^31 wrap is deleted, by the release that finds it
+//!   empty (the next contender creates it again). A create whose reply was lost is recovered
 //!   by finding the node with our uuid (and our session as its owner).
 //! - **Order.** The lowest sequence holds. A waiter watches only the node
 //!   just before its own; when woken it lists the directory again and
@@ -51,13 +53,20 @@
 //!   within its TTL is deleted by the client at `sent_at + ttl`. Renewing
 //!   reads the node (owner token, czxid, ephemeral owner), which also shows
 //!   the server the session is alive; the leases of one session due
-//!   together are read in one multi-read request. When the
+//!   together are read in one multi-read request. In an ensemble that read
+//!   is answered by the member the client is connected to: a follower cut
+//!   off from the leader keeps answering reads until it gives the leader up
+//!   (`syncLimit` ticks, 10 s at the defaults), while the leader expires
+//!   the session after its timeout. A TTL shorter than that window can
+//!   therefore be renewed by a member that no longer speaks for the
+//!   ensemble: keep TTLs above `syncLimit × tickTime`. When the
 //!   connection drops, renewals fail and the guard reports the loss at the
 //!   lease's local deadline unless the session reconnects in time. The
 //!   driver gives up on a silent connection well before the session
 //!   timeout, so TTLs near the 1 s minimum lose their locks to short
-//!   stalls of a loaded process or network: prefer several seconds. A waiter that gives up deletes its node, retrying while the
-//!   session lives, so it never becomes a holder nobody knows. When the
+//!   stalls of a loaded process or network: prefer several seconds. A
+//!   waiter that gives up deletes its node, retrying while the session
+//!   lives, so it never becomes a holder nobody knows. When the
 //!   session expires (or is closed), every lease of that session is revoked
 //!   at once through [`lock_core::Lease::with_revocation`]; later
 //!   acquisitions open a new session. A session with no lease, no waiter

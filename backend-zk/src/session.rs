@@ -96,7 +96,17 @@ impl Sessions {
         timeout: Duration,
         key: u64,
     ) -> Result<Arc<Session>, LockError> {
-        let _one = self.connecting.lock().await;
+        // The whole call answers within one op_timeout (the LockBackend
+        // contract), the wait for another caller's connect included; the
+        // next call tries again. Not the session timeout, which a long TTL
+        // makes minutes long while the servers are unreachable.
+        let started = Instant::now();
+        let limit = config.op_timeout;
+        let _one = tokio::time::timeout(limit, self.connecting.lock())
+            .await
+            .map_err(|_| {
+                LockError::transient(BACKEND, format!("connect: no answer within {limit:?}"))
+            })?;
         if let Some(s) = self.live(key) {
             return Ok(s);
         }
@@ -108,10 +118,7 @@ impl Sessions {
             connector = connector.with_auth("digest", &d.auth_data());
         }
         let connect = connector.connect(&servers);
-        // Connecting waits for a session, which may take up to its timeout
-        // while servers are unreachable.
-        let limit = config.op_timeout.max(timeout);
-        let client = timed("connect", limit, connect)
+        let client = timed("connect", limit.saturating_sub(started.elapsed()), connect)
             .await?
             .map_err(|e| from_zk(&format!("connecting to {}", config.redacted_url()), e))?;
         let session = Arc::new(Session {

@@ -309,3 +309,72 @@ async fn a_waiter_that_gave_up_during_a_network_cut_leaves_no_node() {
     }
     drop(waiter);
 }
+
+/// A call that has to open a session (a TTL no session of this client has
+/// yet) answers within one op_timeout while the servers are unreachable,
+/// with a retryable error: the connect is bounded by op_timeout, not by
+/// the session timeout asked for, which a long TTL makes long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opening_a_session_answers_within_op_timeout_when_cut_off() {
+    let server = common::server();
+    let proxy = Proxy::start(server.addr()).expect("proxy");
+    let client = ZkBackend::connect(&format!("zk://{}?op_timeout=1s", proxy.addr()))
+        .await
+        .expect("connect");
+    proxy.set_mode(Mode::Blackhole);
+    let name = common::unique("cut-connect");
+    for ttl in [Duration::from_secs(30), Duration::from_secs(40)] {
+        let started = Instant::now();
+        let r = timeout(
+            Duration::from_secs(20),
+            client.try_acquire(&common::req(&name, ttl, Duration::ZERO)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("a {ttl:?} try_acquire still had no answer after 20 s"));
+        let took = started.elapsed();
+        assert!(
+            matches!(&r, Err(e) if e.is_retryable()),
+            "expected a retryable error, got {r:?}"
+        );
+        assert!(
+            took < Duration::from_millis(2500),
+            "a {ttl:?} try_acquire answered after {took:?}, op_timeout is 1 s"
+        );
+    }
+    proxy.set_mode(Mode::Pass);
+}
+
+/// A release whose future was dropped after its delete left, and which
+/// landed, is answered `Ok` when the caller releases again, not `Lost`:
+/// nothing else removed the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_retried_after_a_dropped_one_landed_is_ok() {
+    let server = common::server();
+    let proxy = Proxy::start(server.addr()).expect("proxy");
+    let client = Arc::new(
+        ZkBackend::connect(&format!("zk://{}", proxy.addr()))
+            .await
+            .expect("connect"),
+    );
+    let name = common::unique("dropped-release");
+    let lease = common::try_take(&client, &name, Duration::from_secs(10))
+        .await
+        .expect("free");
+    proxy.set_mode(Mode::Delay(Duration::from_millis(300)));
+    let first = tokio::spawn({
+        let (client, lease) = (client.clone(), lease.clone());
+        async move { client.release(&lease).await }
+    });
+    // The delete is on its way (300 ms to the server); its answer is not.
+    sleep(Duration::from_millis(100)).await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    // It lands, and its answer comes back to nobody.
+    sleep(Duration::from_millis(900)).await;
+    proxy.set_mode(Mode::Pass);
+    assert_eq!(client.inspect(&name).await.expect("inspect"), None);
+    client
+        .release(&lease)
+        .await
+        .expect("the retried release is the dropped one's, not a loss");
+}
