@@ -774,20 +774,18 @@ impl SqlBackend {
     }
 
     /// PostgreSQL: records on `req`'s row that a waiter wants its release
-    /// notified, until the wait's deadline (`wake_until`, see
+    /// notified, until the wait's `deadline` (`wake_until`, see
     /// `Dialect::added_columns`). `true` when the row is held (its release
     /// will notify), `false` when it is free now. Backends whose waiters
     /// poll have no such statement and answer `true`.
     ///
     /// Mutual exclusion does not depend on it: a lost or late answer only
     /// leaves the waiter to the backoff timer.
-    async fn want_wake(&self, req: &AcquireRequest) -> Result<bool, LockError> {
+    async fn want_wake(&self, req: &AcquireRequest, deadline: Instant) -> Result<bool, LockError> {
         let (Some(sql), Pools::Postgres(p)) = (&self.inner.sql.want_wake, &self.inner.pools) else {
             return Ok(true);
         };
-        let left = req
-            .wait_deadline()
-            .saturating_duration_since(Instant::now());
+        let left = deadline.saturating_duration_since(Instant::now());
         let micros = i64::try_from(left.as_micros()).unwrap_or(i64::MAX);
         let name = req.name.as_str();
         let rows = self
@@ -1090,6 +1088,9 @@ impl LockBackend for SqlBackend {
     /// releases the row if it won it. Dropping it during the first attempt
     /// is like dropping [`try_acquire`](LockBackend::try_acquire).
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        // Fixed once: the wait counts from the call, also while LISTEN
+        // comes up, and `wake_until` is this deadline, not a fresh one.
+        let deadline = req.wait_deadline();
         let backoff = req.backoff_or(backoff(self.inner.config.max_poll));
         let mut tries = 0u32;
         // PostgreSQL: whether the row records that this waiter wants its
@@ -1108,8 +1109,11 @@ impl LockBackend for SqlBackend {
                 if won.is_some() || asked.load(Ordering::Relaxed) {
                     return Ok(won);
                 }
-                if self.want_wake(req).await? {
+                if self.want_wake(req, deadline).await? {
                     asked.store(true, Ordering::Relaxed);
+                    return Ok(None);
+                }
+                if Instant::now() >= deadline {
                     return Ok(None);
                 }
                 // Free by now: its release came before our request, and
@@ -1118,17 +1122,14 @@ impl LockBackend for SqlBackend {
             }
         };
         let acquired = match &self.inner.hub {
-            None => {
-                wait::acquire_loop(attempt, req.wait_deadline(), backoff, std::future::pending)
-                    .await
-            }
+            None => wait::acquire_loop(attempt, deadline, backoff, std::future::pending).await,
             Some(hub) => {
                 // Listening before the first attempt means no release is
                 // missed; if LISTEN is slow to come up, the backoff timer
                 // covers the gap, so do not wait long for it.
                 hub.ensure_listening(req.wait.min(LISTEN_READY_WAIT)).await;
                 let name: Arc<str> = Arc::from(req.name.as_str());
-                wait::acquire_loop(attempt, req.wait_deadline(), backoff, || hub.arm(&name)).await
+                wait::acquire_loop(attempt, deadline, backoff, || hub.arm(&name)).await
             }
         };
         self.inner.space.stamp(acquired)
@@ -1527,7 +1528,13 @@ mod tests {
         let lease = holder.try_acquire(&request("late")).await.unwrap().unwrap();
         let late = hub.arm(&Arc::from("late"));
         let short = waiting("late", Duration::from_millis(100));
-        assert!(waiter.want_wake(&short).await.unwrap(), "held");
+        assert!(
+            waiter
+                .want_wake(&short, short.wait_deadline())
+                .await
+                .unwrap(),
+            "held"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
         holder.release(&lease).await.unwrap();
 
@@ -1535,7 +1542,10 @@ mod tests {
         let other = hub.arm(&Arc::from("other-job"));
         let mine = hub.arm(&Arc::from("job"));
         let job = waiting("job", Duration::from_secs(30));
-        assert!(waiter.want_wake(&job).await.unwrap(), "held");
+        assert!(
+            waiter.want_wake(&job, job.wait_deadline()).await.unwrap(),
+            "held"
+        );
         holder.release(&lease).await.unwrap();
         tokio::time::timeout(Duration::from_secs(2), mine)
             .await
@@ -1555,12 +1565,18 @@ mod tests {
             "a waiter on another name was woken"
         );
         // A free row: the waiter is told to try again at once.
-        assert!(!waiter.want_wake(&job).await.unwrap(), "free");
+        assert!(
+            !waiter.want_wake(&job, job.wait_deadline()).await.unwrap(),
+            "free"
+        );
 
         // force_release notifies a waiter that asked, too.
         let lease = holder.try_acquire(&request("job")).await.unwrap().unwrap();
         let mine = hub.arm(&Arc::from("job"));
-        assert!(waiter.want_wake(&job).await.unwrap(), "held");
+        assert!(
+            waiter.want_wake(&job, job.wait_deadline()).await.unwrap(),
+            "held"
+        );
         assert!(holder.force_release(lease.name()).await.unwrap());
         tokio::time::timeout(Duration::from_secs(2), mine)
             .await
@@ -1614,7 +1630,10 @@ mod tests {
         };
         let mine = hub.arm(&Arc::from("job"));
         let job = waiting("job", Duration::from_secs(30));
-        assert!(waiter.want_wake(&job).await.unwrap(), "held");
+        assert!(
+            waiter.want_wake(&job, job.wait_deadline()).await.unwrap(),
+            "held"
+        );
         holder.release(&lease).await.unwrap();
         tokio::time::timeout(Duration::from_secs(2), mine)
             .await

@@ -160,9 +160,19 @@ enum Refused {
 }
 
 /// The holding an exact fenced write checks.
-#[derive(Debug)]
 struct Holding {
     owner: String,
+}
+
+/// Only the owner token's prefix, as `OwnerToken`'s own Debug: the full
+/// token releases the lock.
+impl std::fmt::Debug for Holding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let prefix = self.owner.get(..8).unwrap_or_default();
+        f.debug_struct("Holding")
+            .field("owner", &format_args!("{prefix}…"))
+            .finish()
+    }
 }
 
 /// A value bound to a placeholder of a fenced statement.

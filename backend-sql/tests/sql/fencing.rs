@@ -116,6 +116,13 @@ async fn exact_fenced_write_refuses_a_stale_holder_before_anyone_wrote() {
         let name = unique("exact");
         let ttl = Duration::from_millis(400);
         let held_a = common::try_once(&a, &name, ttl).await.expect("A acquires");
+        // The owner token is a capability (it releases the lock): a fenced
+        // write's Debug shows only its prefix, as OwnerToken's own does.
+        let shown = format!("{:?}", a.fenced(&held_a));
+        assert!(
+            !shown.contains(&held_a.owner().to_string()),
+            "{d:?}: the full owner token in {shown}"
+        );
         let wrote = a
             .fenced(&held_a)
             .statement(update.clone(), ["by A".into(), 1i64.into()])
