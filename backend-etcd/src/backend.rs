@@ -818,6 +818,11 @@ impl LockBackend for EtcdBackend {
             }
         }
         let state = fresh.map_err(|()| self.unanswered(&session, lease))?;
+        // An answer past the lease's deadline comes too late for it, as in
+        // `renew_many`, also when the keepalive it reports is older.
+        if Instant::now() > lease.deadline() {
+            return Err(lost());
+        }
         if !session.extend(key, rev, state.last_ok_sent + state.ttl) {
             return Err(lost());
         }

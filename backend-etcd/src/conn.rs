@@ -120,7 +120,6 @@ impl Conn {
         .await
     }
 
-    /// Deletes one key; how many keys were deleted.
     /// Grants a lease of `ttl_secs`; returns (id, granted TTL in seconds).
     pub(crate) async fn grant(&self, ttl_secs: i64) -> Result<(i64, i64), LockError> {
         // A repeated grant at worst leaves an unused lease that etcd expires.

@@ -39,14 +39,16 @@
 //!   herd of reads on every release. The deletes come through one range
 //!   watch per lock per client (from "now", shared by that client's
 //!   waiters, so each client receives every delete of the lock's claims
-//!   once), with a check read if writes landed since the waiter's read of
-//!   the queue, so no delete is missed; on a delete it reads the queue
+//!   once), made ready before the waiter reads the queue, so no delete is
+//!   missed; on a delete it reads the queue
 //!   again (the claims ahead and its own claim, in one transaction). The
 //!   waiter whose only claim ahead is the holder's watches both keys on one
 //!   range watch instead (deletes of other keys sorting between the two
 //!   are skipped), and holds at the holder's delete without another
 //!   request: nothing can queue ahead of it any more, and its own claim
-//!   (on its live lease) would have been deleted first in that same watch.
+//!   (on its live lease) would have been deleted before, or in the same
+//!   revision (a range delete such as `etcdctl del --prefix`, which the
+//!   watch reports as one note), and the waiter then reads again.
 //!   So a hand-off is the release plus one watch event.
 //!   Waiters get the lock in the order they queued ([`Guarantees::fair_fifo`]).
 //!   Tasks of one client asking for the same name queue inside the client

@@ -5,7 +5,7 @@
 //! key `{prefix}NAME/{lease id as lowercase hex}`, created only if absent
 //! and attached to the client's session lease; its value is the owner
 //! token, and the holder's description when one was given (see
-//! [`crate::value`]; Go's Mutex writes an empty value and nobody reads it
+//! [`lock_core::owner_value`]; Go's Mutex writes an empty value and nobody reads it
 //! but polylock, which compares the owner on release). The claim with the lowest create
 //! revision holds the lock; the others queue in create-revision order,
 //! which is arrival order, so the queue is FIFO.
@@ -326,7 +326,7 @@ pub(crate) struct Created {
     pub(crate) alone: bool,
 }
 
-/// Creates the claim `key` (`value`, see [`crate::value`], attached to `lease`) only if
+/// Creates the claim `key` (`value`, see [`lock_core::owner_value`], attached to `lease`) only if
 /// absent, counting the keys of the claim range in the same transaction.
 /// Alone there, the claim holds the lock; otherwise the caller's
 /// [`look_ahead`] tells (and, for a waiter, whom to watch).
@@ -733,7 +733,9 @@ pub(crate) async fn wait_ahead_deleted(
     loop {
         match sub.next(seen_at).await {
             Note::Recheck => return WatchEnd::Recheck,
-            Note::Deleted { key, .. } if keys.contains(&&*key) => return WatchEnd::Deleted,
+            Note::Deleted { keys: gone, .. } if gone.iter().any(|k| keys.contains(&&**k)) => {
+                return WatchEnd::Deleted
+            }
             Note::Deleted { .. } => {}
         }
     }
@@ -747,8 +749,8 @@ pub(crate) async fn wait_ahead_deleted(
 ///
 /// The lock's shared watch `sub` (ready before the read that made `ahead`)
 /// carries every delete of the claim range after that read, in revision
-/// order, so "ours was not deleted before its predecessor" is decided by
-/// the order of its notes, never by timing. Deletes of other keys (other
+/// order and one note per revision, so "ours was not deleted before or
+/// with its predecessor" is decided by the notes, never by timing. Deletes of other keys (other
 /// claims, keys of longer names) are skipped.
 ///
 /// # Cancel safety
@@ -769,9 +771,15 @@ pub(crate) async fn wait_last(
     loop {
         match sub.next(ahead.rev).await {
             Note::Recheck => return LastEnd::Recheck,
-            // Ours went first: read again (the read finds it gone).
-            Note::Deleted { key: k, .. } if *k == *key => return LastEnd::Recheck,
-            Note::Deleted { key: k, .. } if *k == *pred.key => return LastEnd::Mine,
+            // Ours went first, or in the same revision as the claim ahead
+            // (a range delete, `etcdctl del --prefix`): read again (the
+            // read finds it gone).
+            Note::Deleted { keys, .. } if keys.iter().any(|k| **k == *key) => {
+                return LastEnd::Recheck
+            }
+            Note::Deleted { keys, .. } if keys.iter().any(|k| **k == *pred.key) => {
+                return LastEnd::Mine
+            }
             Note::Deleted { .. } => {}
         }
     }

@@ -46,8 +46,11 @@ const BACKLOG: usize = 256;
 /// What a lock's watch tells its waiters.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Note {
-    /// A key of the lock's claim range was deleted at revision `rev`.
-    Deleted { key: Arc<str>, rev: i64 },
+    /// Keys of the lock's claim range deleted at revision `rev`: every
+    /// one that revision deleted, in one note (one transaction or a range
+    /// delete removes several at once, and a waiter must see whether its
+    /// own claim went in the same revision as the one ahead of it).
+    Deleted { keys: Arc<[Arc<str>]>, rev: i64 },
     /// Deletes may have been missed (the watch broke, or this waiter fell
     /// behind): read the queue again.
     Recheck,
@@ -262,17 +265,34 @@ async fn run(
                 // Whoever read while no watch existed reads again.
                 let _ = tx.send(Note::Recheck);
             }
-            for e in r.events() {
-                if e.event_type() != EventType::Delete {
-                    continue;
+            // etcd never splits one revision's events between answers, and
+            // sends them in revision order.
+            let mut batch: Option<(i64, Vec<Arc<str>>)> = None;
+            for kv in r
+                .events()
+                .iter()
+                .filter(|e| e.event_type() == EventType::Delete)
+                .filter_map(|e| e.kv())
+            {
+                let key = Arc::from(String::from_utf8_lossy(kv.key()).as_ref());
+                match &mut batch {
+                    Some((rev, keys)) if *rev == kv.mod_revision() => keys.push(key),
+                    _ => {
+                        if let Some((rev, keys)) = batch.take() {
+                            let _ = tx.send(Note::Deleted {
+                                keys: keys.into(),
+                                rev,
+                            });
+                        }
+                        batch = Some((kv.mod_revision(), vec![key]));
+                    }
                 }
-                if let Some(kv) = e.kv() {
-                    let key = Arc::from(String::from_utf8_lossy(kv.key()).as_ref());
-                    let _ = tx.send(Note::Deleted {
-                        key,
-                        rev: kv.mod_revision(),
-                    });
-                }
+            }
+            if let Some((rev, keys)) = batch {
+                let _ = tx.send(Note::Deleted {
+                    keys: keys.into(),
+                    rev,
+                });
             }
             if r.canceled() || r.compact_revision() != 0 {
                 break;
@@ -324,6 +344,13 @@ mod tests {
         r.header().unwrap().revision()
     }
 
+    fn deleted(keys: &[&str], rev: i64) -> Note {
+        Note::Deleted {
+            keys: keys.iter().map(|k| Arc::from(*k)).collect(),
+            rev,
+        }
+    }
+
     async fn next(sub: &mut Subscription, after: i64) -> Note {
         tokio::time::timeout(Duration::from_secs(10), sub.next(after))
             .await
@@ -359,41 +386,42 @@ mod tests {
         let d2 = delete(&conn, "l/2").await;
         let d3 = delete(&conn, "m/1").await;
         for s in [&mut a, &mut b] {
-            assert_eq!(
-                next(s, seen).await,
-                Note::Deleted {
-                    key: Arc::from("l/1"),
-                    rev: d1
-                }
-            );
-            assert_eq!(
-                next(s, seen).await,
-                Note::Deleted {
-                    key: Arc::from("l/2"),
-                    rev: d2
-                }
-            );
+            assert_eq!(next(s, seen).await, deleted(&["l/1"], d1));
+            assert_eq!(next(s, seen).await, deleted(&["l/2"], d2));
         }
-        assert_eq!(
-            next(&mut other, seen).await,
-            Note::Deleted {
-                key: Arc::from("m/1"),
-                rev: d3
-            }
-        );
+        assert_eq!(next(&mut other, seen).await, deleted(&["m/1"], d3));
+
+        // Keys deleted in one revision (a transaction, a range delete)
+        // come in one note.
+        put(&conn, "l/5").await;
+        put(&conn, "l/6").await;
+        let both = conn
+            .txn(
+                "test delete two",
+                Retry::Any,
+                Txn::new().and_then(vec![TxnOp::delete("l/6", None), TxnOp::delete("l/5", None)]),
+            )
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        let note = next(&mut a, d2).await;
+        let Note::Deleted { keys, rev } = &note else {
+            panic!("{note:?}");
+        };
+        assert_eq!(*rev, both);
+        let mut keys: Vec<&str> = keys.iter().map(|k| &**k).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["l/5", "l/6"]);
+        let _ = next(&mut b, d2).await;
 
         // What a read already saw is skipped.
         put(&conn, "l/3").await;
         let d4 = delete(&conn, "l/3").await;
         put(&conn, "l/4").await;
         let d5 = delete(&conn, "l/4").await;
-        assert_eq!(
-            next(&mut a, d4).await,
-            Note::Deleted {
-                key: Arc::from("l/4"),
-                rev: d5
-            }
-        );
+        assert_eq!(next(&mut a, d4).await, deleted(&["l/4"], d5));
     }
 
     /// A watch outlives its last subscriber by its linger time, is reused
@@ -471,13 +499,7 @@ mod tests {
             match next(&mut sub, 0).await {
                 Note::Recheck => continue,
                 note => {
-                    assert_eq!(
-                        note,
-                        Note::Deleted {
-                            key: Arc::from("l/1"),
-                            rev: d
-                        }
-                    );
+                    assert_eq!(note, deleted(&["l/1"], d));
                     break;
                 }
             }

@@ -237,3 +237,66 @@ async fn the_third_in_line_holds_without_reading_the_queue_again() {
     assert_eq!(after - before, 1, "requests between release and holding");
     g3.release().await.unwrap();
 }
+
+/// An operator clears a stuck lock with one range delete (`etcdctl del
+/// --prefix NAME/`), which removes the holder's and the waiter's claims in
+/// the same revision: the waiter must not take the holder's delete for its
+/// turn (its own claim is gone too), so whatever it ends up holding is a
+/// claim on the server, and another client is refused meanwhile. The
+/// delete events of one revision come in key order, so the rounds go on
+/// until the holder's key sorted first at least once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_delete_of_holder_and_waiter_gives_no_second_holder() {
+    let (_server, endpoints, url) = server();
+    let mut raw = etcd_client::Client::connect(endpoints.clone(), None)
+        .await
+        .unwrap();
+    let mut holder_first = 0;
+    for round in 0..16 {
+        let lock = name("range-deleted");
+        let (_h, holder) = client(&url).await;
+        let guard = holder.lock(&lock).acquire().await.unwrap();
+        let (_w, waiter) = client(&url).await;
+        let waiting = {
+            let lock = lock.clone();
+            tokio::spawn(async move {
+                acquire_waiting(&waiter, &lock, Duration::from_secs(20))
+                    .await
+                    .map(|g| (g, waiter))
+            })
+        };
+        wait_claims(&endpoints, &lock, 2).await;
+        sleep(Duration::from_millis(200)).await;
+        let opts = etcd_client::GetOptions::new().with_prefix().with_sort(
+            etcd_client::SortTarget::Create,
+            etcd_client::SortOrder::Ascend,
+        );
+        let claims = raw.get(format!("{lock}/"), Some(opts)).await.unwrap();
+        if claims.kvs()[0].key() < claims.kvs()[1].key() {
+            holder_first += 1;
+        }
+        raw.delete(
+            format!("{lock}/"),
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+        let (g, _waiter) = timeout(Duration::from_secs(20), waiting)
+            .await
+            .expect("the waiter answers")
+            .unwrap()
+            .expect("the waiter queues again and holds");
+        let (_o, other) = client(&url).await;
+        let second = other.lock(&lock).try_acquire().await.unwrap();
+        assert!(
+            second.is_none(),
+            "round {round}: a second holder beside the waiter, whose claim the range delete removed"
+        );
+        g.release().await.unwrap();
+        drop(guard);
+        if holder_first >= 2 {
+            return;
+        }
+    }
+    panic!("the holder's key never sorted first ({holder_first} rounds): the test proved nothing");
+}
