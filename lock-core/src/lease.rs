@@ -121,7 +121,7 @@ pub(crate) fn later(at: Instant, by: Duration) -> Instant {
 /// A lease is a plain value: holding one does not keep the lock. Past
 /// [`deadline`](Lease::deadline) the holder must assume the lock is gone,
 /// whatever the server thinks.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Lease {
     name: LockName,
     owner: OwnerToken,
@@ -134,6 +134,52 @@ pub struct Lease {
     key: Option<Arc<str>>,
     revoked: Option<CancellationToken>,
     space: Option<LockSpace>,
+}
+
+/// The backend key is shown with any owner token in it (32 hex digits, as
+/// a Redlock value carries it) cut to its prefix, as `OwnerToken`'s own
+/// Debug does: the full token is what releases the lock.
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("name", &self.name)
+            .field("owner", &self.owner)
+            .field("fence", &self.fence)
+            .field("ttl", &self.ttl)
+            .field("renewal_ttl", &self.renewal_ttl)
+            .field("sent_at", &self.sent_at)
+            .field("deadline", &self.deadline)
+            .field("policy", &self.policy)
+            .field("key", &self.key.as_deref().map(without_tokens))
+            .field("revoked", &self.revoked)
+            .field("space", &self.space)
+            .finish()
+    }
+}
+
+/// `key` with every run of 32 or more hex digits cut to its first 8.
+fn without_tokens(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    let mut run = String::new();
+    let flush = |run: &mut String, out: &mut String| {
+        if run.len() >= 32 {
+            out.push_str(&run[..8]);
+            out.push('…');
+        } else {
+            out.push_str(run);
+        }
+        run.clear();
+    };
+    for c in key.chars() {
+        if c.is_ascii_hexdigit() {
+            run.push(c);
+        } else {
+            flush(&mut run, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut run, &mut out);
+    out
 }
 
 impl Lease {
@@ -293,6 +339,32 @@ mod tests {
         assert_eq!(d - now, Duration::from_millis(890));
         // A margin larger than the TTL gives a lease that is already over.
         assert_eq!(p.deadline(now, Duration::from_millis(5)), now);
+    }
+
+    #[test]
+    fn debug_cuts_owner_tokens_in_the_backend_key() {
+        let owner = OwnerToken::random();
+        let value = format!("{owner}.0123abcd");
+        let lease = Lease::new(
+            LockName::new("n").unwrap(),
+            owner,
+            FencingToken::new(1).unwrap(),
+            Duration::from_secs(1),
+            Instant::now(),
+            ClockPolicy::default(),
+        )
+        .with_backend_key(value.as_str());
+        let shown = format!("{lease:?}");
+        assert!(!shown.contains(&owner.to_string()), "{shown}");
+        assert!(
+            shown.contains(&format!("{}….0123abcd", &value[..8])),
+            "{shown}"
+        );
+        // Shorter hex runs (an etcd lease id) are shown as they are.
+        assert_eq!(
+            without_tokens("/p/n/694d8b2c9f3a1e22"),
+            "/p/n/694d8b2c9f3a1e22"
+        );
     }
 
     #[test]
