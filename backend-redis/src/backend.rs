@@ -1006,7 +1006,7 @@ impl RedisBackend {
         // The subscription is live from here on, so the loop's first attempt
         // (made now) cannot miss a release that came after the one above.
         // The caller's pacing, when it asked for one, paces the fallback.
-        let backoff = req.backoff_or(if !subscribed {
+        let mut backoff = req.backoff_or(if !subscribed {
             tracing::debug!(name = %req.name, "polylock redis: no pub/sub; waiting by polling");
             Backoff::default()
         } else if self.inner.foreign_wake == ForeignWake::Polling {
@@ -1016,6 +1016,14 @@ impl RedisBackend {
         } else {
             SUBSCRIBED_BACKOFF
         });
+        if waiter.is_some() {
+            // A fair waiter keeps its place in the queue, and is handed the
+            // lock outright, only while it attempts often enough (see
+            // MIN_QUEUE_ENTRY_LIFE, GRANT_FRESHNESS): a caller's slower
+            // pacing is capped at the fair mode's own.
+            backoff.max = backoff.max.min(FAIR_BACKOFF.max);
+            backoff.initial = backoff.initial.min(backoff.max);
+        }
         let follower = follower.as_deref();
         acquire_loop(attempt, deadline, backoff, || {
             wake_up(&subs, follower, &expiry)

@@ -387,3 +387,63 @@ async fn a_waiters_fallback_polls_follow_the_requested_pacing() {
         holder.release(&lease).await.unwrap();
     }
 }
+
+/// In fair mode a waiter whose caller asked for a slow pacing still keeps
+/// its place in the queue: its entry lives a few seconds past its last
+/// attempt, so the pacing is capped at the fair mode's own. A waiter that
+/// queued later must not be served first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_pacing_keeps_a_fair_waiters_place() {
+    let srv = server();
+    let url = format!("{}?fair=true", srv.url());
+    let holder = backend(&url).await;
+    let n = name("fair-slow-pacing");
+    let lease = acquire_free(&holder, &n, Duration::from_secs(60)).await;
+    let slow = Locker::from_arc(backend(&url).await).with_retry(
+        lock_core::wait::Backoff::new(Duration::from_secs(5), Duration::from_secs(5)).unwrap(),
+    );
+    let first = tokio::spawn({
+        let n = n.clone();
+        async move {
+            let g = slow
+                .lock(n.as_str())
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await?;
+            let at = Instant::now();
+            g.release().await?;
+            Ok::<_, lock_core::LockError>(at)
+        }
+    });
+    sleep(Duration::from_millis(300)).await;
+    let later = Locker::from_arc(backend(&url).await);
+    let second = tokio::spawn({
+        let n = n.clone();
+        async move {
+            let g = later
+                .lock(n.as_str())
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await?;
+            let at = Instant::now();
+            g.release().await?;
+            Ok::<_, lock_core::LockError>(at)
+        }
+    });
+    // Past the slow waiter's queue entry life (2 s) without an attempt of
+    // its own at a 5 s pacing.
+    sleep(Duration::from_secs(4)).await;
+    holder.release(&lease).await.unwrap();
+    let first_at = first
+        .await
+        .unwrap()
+        .expect("the first waiter gets the lock");
+    let second_at = second
+        .await
+        .unwrap()
+        .expect("the second waiter gets the lock");
+    assert!(
+        first_at < second_at,
+        "the waiter that queued later was served first"
+    );
+}
