@@ -11,7 +11,8 @@
 -- ARGV[9] as ARGV[5] of fair_release.lua; ARGV[10] '1' when an earlier
 -- attempt of this owner went unanswered; ARGV[11] how long (ms) a release
 -- that hands the lock to this waiter grants it for: a claim window, at most
--- ARGV[2], which the waiter's first renewal extends to ARGV[2].
+-- ARGV[2], which the waiter's first renewal extends to ARGV[2]; ARGV[12]
+-- the client's id (see plain_grant.lua).
 --
 -- Returns {1, fence} when taken (also when a release had handed it to this
 -- waiter already: recover()), {0, pttl, counter} otherwise (pttl -2: the
@@ -29,7 +30,7 @@ if any_queued then
   first = head(queue)
 end
 if first == nil or first == id then
-  local r = grant()
+  local r = grant(ARGV[12])
   if r then
     if any_queued and not r.err then
       leave(queue, deadlines, waiters, id)
@@ -39,10 +40,13 @@ if first == nil or first == id then
 end
 -- Our token on the lock is ours to take over only when a release handed it
 -- to this very waiter (the `granted` mark names it), or when an earlier
--- attempt of this owner went unanswered (ARGV[10] '1'): see
+-- attempt of this owner on this client went unanswered (ARGV[10] '1'): see
 -- plain_acquire.lua.
-local ours = ARGV[10] == '1' or redis.call('HGET', KEYS[2], 'granted') == id
-local r = wrong_kind() or (ours and recover() or nil)
+local handed = redis.call('HGET', KEYS[2], 'granted') == id
+local r = wrong_kind()
+if not r and (handed or ARGV[10] == '1') then
+  r = recover((not handed) and ARGV[12] or nil)
+end
 if r then
   if any_queued and not r.err then
     leave(queue, deadlines, waiters, id)

@@ -3,8 +3,14 @@
 --
 -- KEYS[1] lock key (string: the owner token)   ARGV[1] owner token
 -- KEYS[2] bookkeeping hash (fence, owner,     ARGV[2] TTL in milliseconds
---         meta)                               ARGV[3] holder description line,
+--         client, meta)                       ARGV[3] holder description line,
 --                                               '' or absent for none
+--
+-- `client` in the hash names the polylock client whose attempt made the
+-- grant ('' for a fair-mode hand-over, which the `granted` mark names):
+-- an owner token may be shared by several clients (one lock_core::Owner
+-- used with two lockers), and only the client that sent an unanswered
+-- attempt may take that attempt's grant over.
 --
 -- The description goes in the bookkeeping hash, never in the lock's value
 -- (foreign clients compare that value), and a grant without one removes the
@@ -22,9 +28,10 @@ end
 -- `book` in the same atomic step, so no two holders can ever see the same
 -- token. Also used by the fair mode's hand-over to a queued waiter, so it
 -- clears the mark of such a grant (`granted`, fair_queue.lua): the mark
--- only ever names the waiter of the current grant. Returns {1, fence}, an
--- error reply, or nil when the key exists.
-local function grant_to(lock, book, token, ttl, meta)
+-- only ever names the waiter of the current grant. `client` is the
+-- granting attempt's client id (nil for a hand-over). Returns {1, fence},
+-- an error reply, or nil when the key exists.
+local function grant_to(lock, book, token, ttl, meta, client)
   if not redis.call('SET', lock, token, 'NX', 'PX', ttl) then
     return nil
   end
@@ -45,17 +52,18 @@ local function grant_to(lock, book, token, ttl, meta)
   -- The owner, the description (or none) and no fair-mode grant mark, in
   -- as few calls as the description allows.
   if meta and meta ~= '' then
-    redis.call('HSET', book, 'owner', token, 'meta', meta)
+    redis.call('HSET', book, 'owner', token, 'client', client or '', 'meta', meta)
     redis.call('HDEL', book, 'granted')
   else
-    redis.call('HSET', book, 'owner', token)
+    redis.call('HSET', book, 'owner', token, 'client', client or '')
     redis.call('HDEL', book, 'meta', 'granted')
   end
   return {1, fence}
 end
 
-local function grant()
-  return grant_to(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])
+-- This attempt's grant, for the client `client`.
+local function grant(client)
+  return grant_to(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], client)
 end
 
 -- SET NX fails on a key of any type; say so instead of reporting "held"
@@ -72,9 +80,12 @@ end
 -- arrived (timed out, or its future dropped): the key holds our token and
 -- the last grant was ours, so the counter is that grant's token. Taken over
 -- with this attempt's TTL instead of waiting for ourselves: {1, fence}, or
--- nil.
-local function recover()
-  if redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('HGET', KEYS[2], 'owner') == ARGV[1] then
+-- nil. `client` (the recovering client's id) must have made that grant;
+-- nil when the grant is known to be this waiter's otherwise (a fair-mode
+-- hand-over's `granted` mark names it).
+local function recover(client)
+  if redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('HGET', KEYS[2], 'owner') == ARGV[1]
+    and (client == nil or redis.call('HGET', KEYS[2], 'client') == client) then
     local fence = redis.call('HGET', KEYS[2], 'fence')
     if fence then
       redis.call('PEXPIRE', KEYS[1], ARGV[2])

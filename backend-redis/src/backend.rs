@@ -16,7 +16,7 @@ use lock_core::{
 use tokio::time::Instant;
 
 use crate::config::{Algorithm, Format, RedisConfig};
-use crate::conn::{client_for, Link};
+use crate::conn::{client_for, Link, Pinned};
 use crate::errors::{connect_error, to_lock_error, Fail, FailText, RedisFailure, BACKEND};
 use crate::format::{all_scripts, Keys, Layout, LockKeys, FAIR, FORCE_RELEASE, RELEASE_MESSAGE};
 use crate::nodes::{Follower, Nodes};
@@ -188,6 +188,11 @@ struct Inner {
     /// a mark, a grant under the owner's token is another acquisition's,
     /// never taken over (plain_acquire.lua).
     unanswered: Mutex<HashSet<(LockName, OwnerToken)>>,
+    /// This client's id, written beside a plain-format grant its attempt
+    /// made: an owner token may be shared by several clients (one
+    /// [`lock_core::Owner`] used with two lockers), and only the client
+    /// that marked an attempt unanswered may take that grant over.
+    client_id: String,
     /// One acquire attempt at a time per name and owner, each with what
     /// cleans up after it (`RetryInFlight`, a detached retry's undo). The
     /// unanswered mark lets an attempt take over the grant of the one
@@ -205,8 +210,10 @@ const MAX_UNANSWERED: usize = 4096;
 
 /// A waiting acquire's retry in flight (plain format). Dropped before its
 /// answer (the wait was cancelled), it sends an owner-checked release of
-/// the attempt's owner on the same connection. The server runs commands of
-/// one connection in order, so that release runs after the retry's script:
+/// the attempt's owner on the same connection (`pinned` before the retry
+/// went out; kept although the dropped retry condemned it). The server runs
+/// commands of one connection in order, so that release runs after the
+/// retry's script:
 /// if the retry took the lock, the release frees it (and wakes the
 /// waiters, or in fair mode hands the lock on); if not, it changes nothing.
 /// Its fencing token is the highest there is, so the counter check passes
@@ -218,6 +225,8 @@ struct RetryInFlight<'a> {
     req: &'a AcquireRequest,
     /// `None` once answered.
     turn: Option<Turn>,
+    /// The connection the retry goes out on.
+    pinned: Pinned,
 }
 
 impl Drop for RetryInFlight<'_> {
@@ -231,9 +240,10 @@ impl Drop for RetryInFlight<'_> {
         };
         let backend = self.backend.clone();
         let lease = self.req.lease(fence, self.req.ttl, Instant::now());
+        let pinned = self.pinned.clone();
         rt.spawn(async move {
             let _turn = turn;
-            match backend.release(&lease).await {
+            match backend.release_via(&lease, Some(&pinned)).await {
                 // Released what the retry won, found nothing, or found
                 // someone else's lock (left untouched): all as it should be.
                 Ok(()) | Err(LockError::Lost { .. }) => {}
@@ -374,6 +384,7 @@ impl RedisBackend {
                 followers: Mutex::default(),
                 foreign_wake,
                 unanswered: Mutex::default(),
+                client_id: format!("{:016x}", rand::random::<u64>()),
                 turns: Turns::default(),
                 space,
             }),
@@ -502,14 +513,16 @@ impl RedisBackend {
                 .arg(keys.channel())
                 .arg(GRANT_FRESHNESS.as_millis() as u64)
                 .arg(u8::from(recover))
-                .arg(ttl_ms.min(GRANT_CLAIM.as_millis() as u64)),
+                .arg(ttl_ms.min(GRANT_CLAIM.as_millis() as u64))
+                .arg(&self.inner.client_id),
             // The plain format recognises its own grant by value, taken
             // over only after an unanswered attempt (plain_acquire.lua).
             (Format::Plain, None) => inv
                 .arg(&holder)
                 .arg(ttl_ms)
                 .arg(&meta)
-                .arg(u8::from(recover)),
+                .arg(u8::from(recover))
+                .arg(&self.inner.client_id),
             (Format::Redisson, _) => inv
                 .key(keys.bookkeeping())
                 .arg(ttl_ms)
@@ -925,6 +938,7 @@ impl RedisBackend {
                                 backend: self,
                                 req,
                                 turn: Some(turn),
+                                pinned: self.inner.link.pin(),
                             };
                             let attempt = self.attempt(req, queued).await;
                             in_flight.turn = None;
@@ -1070,6 +1084,51 @@ impl RedisBackend {
             .lease(FencingToken::new(fence)?, claim, sent_at)
             .with_renewal_ttl(ttl);
         (lease.deadline() > Instant::now() + claim / 2).then_some(lease)
+    }
+
+    /// [`release`](LockBackend::release), on `via`'s connection when given
+    /// (see [`RetryInFlight`]).
+    async fn release_via(&self, lease: &Lease, via: Option<&Pinned>) -> Result<(), LockError> {
+        self.inner.space.check(lease)?;
+        let keys = self.key_set(lease.name())?;
+        let holder = self.inner.layout.holder(lease.owner());
+        let fair = self.inner.config.fair;
+        let mut inv = if fair {
+            FAIR.release.prepare_invoke()
+        } else {
+            self.inner.layout.scripts().release.prepare_invoke()
+        };
+        inv.key(&keys.lock)
+            .key(keys.fence())
+            .arg(&holder)
+            .arg(lease.fence().get());
+        if self.inner.layout.format == Format::Redisson {
+            inv.key(keys.bookkeeping()).arg(
+                self.guarantees()
+                    .granted_ttl(lease.renewal_ttl(), PX_UNIT)
+                    .1,
+            );
+        }
+        inv.arg(keys.channel());
+        if fair {
+            inv.key(keys.queue())
+                .key(keys.queue_deadlines())
+                .key(keys.queue_waiters())
+                .arg(keys.wake_prefix())
+                .arg(GRANT_FRESHNESS.as_millis() as u64);
+        }
+        let sent = match via {
+            Some(pinned) => self.inner.link.invoke_on(pinned, &inv).await,
+            None => self.inner.link.invoke(&inv).await,
+        };
+        let r: i64 = sent.map_err(|f| self.err("release", lease.name(), f))?;
+        if r >= 0 {
+            Ok(())
+        } else {
+            Err(LockError::Lost {
+                name: lease.name().to_string(),
+            })
+        }
     }
 
     /// How long a fair-mode queue entry lives after its waiter's last
@@ -1381,47 +1440,7 @@ impl LockBackend for RedisBackend {
     /// Cancel safe: a dropped release either happened or did not; the lock
     /// then expires at its TTL.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        self.inner.space.check(lease)?;
-        let keys = self.key_set(lease.name())?;
-        let holder = self.inner.layout.holder(lease.owner());
-        let fair = self.inner.config.fair;
-        let mut inv = if fair {
-            FAIR.release.prepare_invoke()
-        } else {
-            self.inner.layout.scripts().release.prepare_invoke()
-        };
-        inv.key(&keys.lock)
-            .key(keys.fence())
-            .arg(&holder)
-            .arg(lease.fence().get());
-        if self.inner.layout.format == Format::Redisson {
-            inv.key(keys.bookkeeping()).arg(
-                self.guarantees()
-                    .granted_ttl(lease.renewal_ttl(), PX_UNIT)
-                    .1,
-            );
-        }
-        inv.arg(keys.channel());
-        if fair {
-            inv.key(keys.queue())
-                .key(keys.queue_deadlines())
-                .key(keys.queue_waiters())
-                .arg(keys.wake_prefix())
-                .arg(GRANT_FRESHNESS.as_millis() as u64);
-        }
-        let r: i64 = self
-            .inner
-            .link
-            .invoke(&inv)
-            .await
-            .map_err(|f| self.err("release", lease.name(), f))?;
-        if r >= 0 {
-            Ok(())
-        } else {
-            Err(LockError::Lost {
-                name: lease.name().to_string(),
-            })
-        }
+        self.release_via(lease, None).await
     }
 
     /// One script reads the holder, its remaining TTL, the fencing

@@ -99,6 +99,15 @@ struct Abandoned<'a> {
     armed: bool,
 }
 
+/// The connection a request is going out on, for a request that must run
+/// after it on the server (one connection's commands run in order): see
+/// [`Link::pin`] and [`Link::invoke_on`].
+#[derive(Clone)]
+pub(crate) struct Pinned {
+    generation: u64,
+    conn: Conn,
+}
+
 impl Drop for Abandoned<'_> {
     fn drop(&mut self) {
         if self.armed {
@@ -228,6 +237,44 @@ impl Link {
         Fut: std::future::Future<Output = RedisResult<T>>,
     {
         let (generation, conn) = self.current();
+        self.run_on(generation, conn, extra, f).await
+    }
+
+    /// The connection the next request goes out on.
+    pub(crate) fn pin(&self) -> Pinned {
+        let (generation, conn) = self.current();
+        Pinned { generation, conn }
+    }
+
+    /// Runs a script on `pinned`'s connection, even if it has been
+    /// condemned since (a reply left unread there): so it runs after the
+    /// requests sent there before it.
+    pub(crate) async fn invoke_on<T: redis::FromRedisValue>(
+        &self,
+        pinned: &Pinned,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, Fail> {
+        self.run_on(
+            pinned.generation,
+            pinned.conn.clone(),
+            Duration::ZERO,
+            |mut c| async move { invocation.invoke_async(&mut c).await },
+        )
+        .await
+    }
+
+    /// [`run`](Self::run) on connection `conn` of `generation`.
+    async fn run_on<T, F, Fut>(
+        &self,
+        generation: u64,
+        conn: Conn,
+        extra: Duration,
+        f: F,
+    ) -> Result<T, Fail>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: std::future::Future<Output = RedisResult<T>>,
+    {
         let mut abandoned = Abandoned {
             link: self,
             generation,

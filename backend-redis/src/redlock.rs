@@ -614,7 +614,8 @@ impl RedlockBackend {
             .arg(ttl_ms)
             .arg(&meta)
             // The value is this attempt's alone: a key holding it can only
-            // be this attempt's own grant, so it is always taken over.
+            // be this attempt's own grant, so it is always taken over, and
+            // no client id (ARGV[5]) is needed to tell whose it is.
             .arg("1");
         let policy = ClockPolicy {
             drift: req.clock.drift.max(self.inner.config.drift_factor),
@@ -817,7 +818,7 @@ impl RedlockBackend {
                 &format!("validity left {left}; the lease is lost"),
             )
         );
-        self.release_quietly(lease).await;
+        self.release_in_background(lease);
         Err(LockError::Lost {
             name: lease.name().to_string(),
         })
@@ -878,12 +879,18 @@ impl RedlockBackend {
         join_all(judged).await
     }
 
-    /// Releases `lease` on every node where it still holds, quietly: for a
-    /// lease already declared lost.
-    async fn release_quietly(&self, lease: &Lease) {
-        if let Err(e) = self.release(lease).await {
-            tracing::debug!(error = %e, "polylock redlock: releasing a lost lease; what is left expires at its TTL");
-        }
+    /// Releases `lease` on every node where it still holds, quietly and in
+    /// a task of its own: for a lease already declared lost, whose renew
+    /// answers at once (within its op_timeout) instead of after a second
+    /// round. The lease is over (refused by too many nodes, or past its
+    /// deadline): this frees early the nodes that still hold it.
+    fn release_in_background(&self, lease: &Lease) {
+        let (this, lease) = (self.clone(), lease.clone());
+        tokio::spawn(async move {
+            if let Err(e) = this.release(&lease).await {
+                tracing::debug!(error = %e, "polylock redlock: releasing a lost lease; what is left expires at its TTL");
+            }
+        });
     }
 }
 

@@ -101,6 +101,54 @@ async fn a_retry_recognises_its_own_orphaned_grant() {
     assert!(ours.inspect(&n).await.unwrap().is_none());
 }
 
+/// One owner token on two clients (one `lock_core::Owner` used with two
+/// lockers): the second client's unanswered attempt (refused on the
+/// server, its answer lost) must not let its next attempt take over the
+/// first client's grant, which carries the same token. In both modes of
+/// the plain format.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_attempt_takes_over_no_other_clients_grant() {
+    for query in ["", "&fair=true"] {
+        let srv = common::server();
+        let proxy = Proxy::start(srv.addr()).unwrap();
+        let first = common::backend(&format!("{}?op_timeout=300ms{query}", srv.url())).await;
+        let second = common::backend(&format!(
+            "redis://127.0.0.1:{}/0?op_timeout=300ms{query}",
+            proxy.port()
+        ))
+        .await;
+        let n = name("contract/shared-owner");
+        let request = AcquireRequest::new(
+            n.clone(),
+            OwnerToken::random(),
+            Duration::from_secs(30),
+            Duration::ZERO,
+        )
+        .unwrap();
+        let held = first
+            .try_acquire(&request)
+            .await
+            .unwrap()
+            .expect("the first client takes it");
+        // Opens the second client's connection while the network is fast.
+        assert!(second.inspect(&n).await.unwrap().is_some());
+        proxy.set_mode(Mode::Delay(Duration::from_millis(500)));
+        let lost_answer = second.try_acquire(&request).await;
+        assert!(
+            lost_answer.as_ref().is_err_and(|e| e.is_retryable()),
+            "{query}: {lost_answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        proxy.set_mode(Mode::Pass);
+        let again = second.try_acquire(&request).await.unwrap();
+        assert!(
+            again.is_none(),
+            "{query}: the second client took over the first client's grant: {again:?}"
+        );
+        first.release(&held).await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redisson_retry_takes_back_its_unanswered_grant_without_a_second_hold() {
     let (srv, ours, mut raw) = server_and_clients("?format=redisson").await;

@@ -384,9 +384,11 @@ impl Raw {
         };
         let (lock, book) = (format!("raw:{name}"), format!("raw:{{{name}}}:book"));
         let owner = "0123456789abcdef0123456789abcdef";
-        let acquire = [owner, "30000", ""];
+        // The plain acquire's: owner, TTL, description, unanswered flag,
+        // client id; the release's: owner, fence, channel.
+        let acquire = [owner, "30000", "", "0", "0123456789abcdef"];
         let release = [owner, "1764771234567890", "raw:released"];
-        for args in [acquire, release] {
+        for args in [&acquire[..], &release[..]] {
             let calls = nodes.iter().map(|c| {
                 let mut c = c.clone();
                 let mut inv = NOTHING.prepare_invoke();
