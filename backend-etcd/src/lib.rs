@@ -40,8 +40,8 @@
 //!   watch per lock per client (from "now", shared by that client's
 //!   waiters, so each client receives every delete of the lock's claims
 //!   once), made ready before the waiter reads the queue, so no delete is
-//!   missed; on a delete it reads the queue
-//!   again (the claims ahead and its own claim, in one transaction). The
+//!   missed; on a delete it reads the queue again (the claims ahead and
+//!   its own claim, in one transaction). The
 //!   waiter whose only claim ahead is the holder's watches both keys on one
 //!   range watch instead (deletes of other keys sorting between the two
 //!   are skipped), and holds at the holder's delete without another

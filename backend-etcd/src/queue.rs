@@ -5,9 +5,9 @@
 //! key `{prefix}NAME/{lease id as lowercase hex}`, created only if absent
 //! and attached to the client's session lease; its value is the owner
 //! token, and the holder's description when one was given (see
-//! [`lock_core::owner_value`]; Go's Mutex writes an empty value and nobody reads it
-//! but polylock, which compares the owner on release). The claim with the lowest create
-//! revision holds the lock; the others queue in create-revision order,
+//! [`lock_core::owner_value`]; Go's Mutex writes an empty value and nobody
+//! reads it but polylock, which compares the owner on release). The claim
+//! with the lowest create revision holds the lock; the others queue in create-revision order,
 //! which is arrival order, so the queue is FIFO.
 //!
 //! # Names with '/'
@@ -326,8 +326,8 @@ pub(crate) struct Created {
     pub(crate) alone: bool,
 }
 
-/// Creates the claim `key` (`value`, see [`lock_core::owner_value`], attached to `lease`) only if
-/// absent, counting the keys of the claim range in the same transaction.
+/// Creates the claim `key` (`value`, see [`lock_core::owner_value`],
+/// attached to `lease`) only if absent, counting the keys of the claim range in the same transaction.
 /// Alone there, the claim holds the lock; otherwise the caller's
 /// [`look_ahead`] tells (and, for a waiter, whom to watch).
 ///
@@ -750,8 +750,8 @@ pub(crate) async fn wait_ahead_deleted(
 /// The lock's shared watch `sub` (ready before the read that made `ahead`)
 /// carries every delete of the claim range after that read, in revision
 /// order and one note per revision, so "ours was not deleted before or
-/// with its predecessor" is decided by the notes, never by timing. Deletes of other keys (other
-/// claims, keys of longer names) are skipped.
+/// with its predecessor" is decided by the notes, never by timing. Deletes
+/// of other keys (other claims, keys of longer names) are skipped.
 ///
 /// # Cancel safety
 /// Cancel safe.

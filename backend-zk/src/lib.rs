@@ -24,8 +24,9 @@
 //!   clients and polylock stand in one queue. Parent nodes are created as
 //!   needed and left in place; only a lock directory whose sequence
 //!   counter nears its 2^31 wrap is deleted, by the release that finds it
-//!   empty (the next contender creates it again). A create whose reply was lost is recovered
-//!   by finding the node with our uuid (and our session as its owner).
+//!   empty (the next contender creates it again). A create whose reply was
+//!   lost is recovered by finding the node with our uuid (and our session
+//!   as its owner).
 //! - **Order.** The lowest sequence holds. A waiter watches only the node
 //!   just before its own; when woken it lists the directory again and
 //!   checks every lower node is gone, except the second in line, woken by
