@@ -407,9 +407,63 @@ fn compare_and_bench_run_the_tool_installed_beside_polylock() {
         text(&out.stdout),
         "compare got: --quick --backends sqlite,redis\n"
     );
+    // Flags polylock has too (`--url`, `-v`) are the tool's after its name,
+    // however many times they come.
+    let out = run_ok(
+        Command::new(&exe)
+            .args(["compare", "--url", "redis://a", "--url", "etcd://b", "-v"])
+            .env("PATH", "/nonexistent"),
+    );
+    assert_eq!(
+        text(&out.stdout),
+        "compare got: --url redis://a --url etcd://b -v\n",
+        "{}",
+        text(&out.stderr)
+    );
     assert_eq!(
         out.status.code(),
         Some(3),
         "the tool's exit code is polylock's"
     );
+}
+
+/// A command that only prints, writing into a pipe whose reader has gone
+/// (`polylock list | head -1`), ends quietly as other Unix tools do: by
+/// SIGPIPE, with no panic message and not with the panic's exit code 101.
+#[test]
+fn printing_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    // A held lock, so that `list` and `status` have a line to print.
+    let mut holder = polylock(dir.path())
+        .args(["hold", "report"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_held(dir.path(), "report");
+    for args in [
+        &["guarantees"][..],
+        &["status", "report"][..],
+        &["list"][..],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = polylock(dir.path())
+            .args(args)
+            .stdout(Stdio::from(writer))
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(
+            out.status.signal(),
+            Some(Signal::SIGPIPE as i32),
+            "{args:?}: {:?} {err}",
+            out.status
+        );
+    }
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
 }

@@ -27,24 +27,27 @@ fn etcd() -> (testkit::EtcdServer, String) {
 /// `kill`, and checks the command is dead by the lease's deadline (at most
 /// a TTL after the kill: the last renewal was sent before it).
 fn command_dies_by_the_deadline(dir: &Path, url: &str, kill_server: impl FnOnce()) {
+    dies_by_the_deadline(
+        dir,
+        url,
+        "echo $$ > pid; trap '' TERM; while true; do sleep 0.1; done",
+        kill_server,
+    );
+}
+
+/// As [`command_dies_by_the_deadline`], for the shell script `script`,
+/// which writes the pid to watch to the file `pid`.
+fn dies_by_the_deadline(dir: &Path, url: &str, script: &str, kill_server: impl FnOnce()) {
     let ttl = Duration::from_secs(3);
     let run = polylock(dir, Some(url))
         .args([
-            "run",
-            "--ttl",
-            "3s",
-            "--grace",
-            "10s",
-            "deadline",
-            "--",
-            "sh",
-            "-c",
-            "echo $$ > pid; trap '' TERM; while true; do sleep 0.1; done",
+            "run", "--ttl", "3s", "--grace", "10s", "deadline", "--", "sh", "-c", script,
         ])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let pid = read_pid(&dir.join("pid"));
+    let _cleanup = KillOnDrop(pid);
     // At least one renewal went through before the server goes away.
     std::thread::sleep(Duration::from_millis(1500));
     assert!(alive(pid));
@@ -100,6 +103,21 @@ fn redis_command_is_dead_by_the_deadline_after_the_server_is_killed() {
     let dir = tempfile::tempdir().unwrap();
     let (server, url) = redis();
     command_dies_by_the_deadline(dir.path(), &url, || server.kill().unwrap());
+}
+
+/// The command's leader dies at the SIGTERM, but a process it started in
+/// its group ignores SIGTERM: that one is dead by the deadline too (the
+/// group is killed then), not left running after polylock released.
+#[test]
+fn redis_a_process_the_command_started_is_dead_by_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, url) = redis();
+    dies_by_the_deadline(
+        dir.path(),
+        &url,
+        "sh -c 'trap \"\" TERM; echo $$ > pid; while true; do sleep 0.1; done' & wait",
+        || server.kill().unwrap(),
+    );
 }
 
 #[test]

@@ -70,6 +70,52 @@ fn sighup_is_forwarded_and_the_lock_released() {
     );
 }
 
+/// A signal polylock forwards ends the command itself, but a process it
+/// started in its group ignores it: the lock stays held until that process
+/// is gone too (README), then polylock releases it and exits.
+#[test]
+fn after_a_forwarded_signal_the_lock_is_kept_until_the_group_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = polylock(dir.path(), None)
+        .args([
+            "run",
+            "drain",
+            "--",
+            "sh",
+            "-c",
+            "sh -c 'trap \"\" TERM; echo $$ > pid; while true; do sleep 0.1; done' & wait",
+        ])
+        .spawn()
+        .unwrap();
+    let member = read_pid(&dir.path().join("pid"));
+    let _cleanup = KillOnDrop(member);
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGTERM).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        alive(member),
+        "the member does not ignore SIGTERM after all"
+    );
+    assert!(
+        run.try_wait().unwrap().is_none(),
+        "polylock exited while a process of the command's group still ran"
+    );
+    assert_eq!(
+        status_code(dir.path(), None, "drain"),
+        Some(0),
+        "released while a process of the command's group still ran"
+    );
+    kill(member, Signal::SIGKILL).unwrap();
+    let done = eventually(Duration::from_secs(10), || {
+        run.try_wait().unwrap().is_some()
+    });
+    assert!(done, "polylock still waits after the group is gone");
+    assert_eq!(
+        status_code(dir.path(), None, "drain"),
+        Some(1),
+        "still held"
+    );
+}
+
 #[test]
 fn one_sigint_to_the_process_group_reaches_the_command_once() {
     let dir = tempfile::tempdir().unwrap();

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::kill;
+use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 /// `polylock` in `dir`, with `url` (None: the SQLite default).
@@ -62,8 +62,30 @@ pub(crate) fn read_pid(path: &Path) -> Pid {
     Pid::from_raw(s.trim().parse().expect("a pid"))
 }
 
+/// Kills `pid` when dropped: a process a failing test leaves behind (one
+/// that ignores SIGTERM, say) must not keep running, nor hold the test
+/// run's output pipes open.
+pub(crate) struct KillOnDrop(pub(crate) Pid);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = kill(self.0, Signal::SIGKILL);
+    }
+}
+
+/// Whether `pid` runs: exists and is not a zombie (a process whose parent
+/// died is reaped by init, which in a container may never happen).
 pub(crate) fn alive(pid: Pid) -> bool {
-    kill(pid, None).is_ok()
+    if kill(pid, None).is_err() {
+        return false;
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    !matches!(state, Some("Z" | "X"))
 }
 
 /// `status NAME` exit code (0 held, 1 free).

@@ -5,6 +5,20 @@ use polylock::{HolderInfo, LockError, LockName, Locker};
 use crate::duration::{show, show_time};
 use crate::{exit, Failure};
 
+/// For the commands that only print: a closed stdout (`polylock list |
+/// head -1`) ends the process quietly by SIGPIPE, as it ends other Unix
+/// tools, instead of a panic in `println!` (the Rust runtime ignores
+/// SIGPIPE). They hold no lock, so there is nothing to give back.
+#[allow(unsafe_code)]
+pub(crate) fn quiet_on_closed_stdout() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: restores the default disposition; no handler code is
+    // installed, so nothing runs in signal context.
+    if let Err(e) = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) } {
+        tracing::debug!(error = %e, "polylock: could not restore SIGPIPE");
+    }
+}
+
 pub(crate) async fn status(locker: &Locker, name: &str) -> Result<u8, Failure> {
     let name = LockName::new(name)?;
     let backend = locker.backend();
@@ -51,8 +65,15 @@ pub(crate) async fn list(locker: &Locker, prefix: &str, limit: usize) -> Result<
             shown(&owner_prefix(&info.owner)),
         );
     }
-    if locks.len() == limit {
-        eprintln!("polylock: showing the first {limit} locks (--limit raises it)");
+    // The backend lists at most MAX_LIST, whatever --limit says.
+    let shown_at_most = limit.min(polylock::MAX_LIST);
+    if locks.len() == shown_at_most {
+        let more = if shown_at_most < limit {
+            format!("at most {} can be listed", polylock::MAX_LIST)
+        } else {
+            "--limit raises it".to_string()
+        };
+        eprintln!("polylock: showing the first {shown_at_most} locks ({more})");
     }
     Ok(if locks.is_empty() { exit::FREE } else { 0 })
 }

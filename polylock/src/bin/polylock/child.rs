@@ -54,7 +54,13 @@ pub(crate) fn spawn(
     }
     let parent = getpid();
     die_with_parent(&mut cmd, parent, terminal.then_some(stdin));
-    let child = cmd.spawn()?;
+    let child = cmd.spawn().inspect_err(|_| {
+        // The child may have taken the terminal before its exec failed:
+        // its group is gone, and the terminal must not stay with it.
+        if terminal {
+            take_terminal_back();
+        }
+    })?;
     let pid = child
         .id()
         .and_then(|p| i32::try_from(p).ok())
@@ -113,21 +119,73 @@ impl Spawned {
         }
     }
 
+    /// Whether a process of the command's group still runs (not a zombie):
+    /// its leader may have exited while processes it started go on. Read
+    /// from /proc rather than by `kill(-group, 0)`, which also counts the
+    /// zombies a container's init may never reap.
+    pub(crate) fn group_running(&self) -> bool {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return false;
+        };
+        dir.filter_map(Result::ok)
+            .filter(|e| e.file_name().to_str().is_some_and(is_pid))
+            .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+            .any(|stat| runs_in_group(&stat, self.group.as_raw()))
+    }
+
     /// Takes the terminal back after the command ended, so the shell and
     /// polylock's own messages are in the foreground again.
     pub(crate) fn restore_terminal(&mut self) {
-        if !std::mem::take(&mut self.terminal) {
-            return;
+        if std::mem::take(&mut self.terminal) {
+            take_terminal_back();
         }
-        let mut ttou = SigSet::empty();
-        ttou.add(Signal::SIGTTOU);
-        // polylock is a background group now: block SIGTTOU for this call.
-        let Ok(old) = ttou.thread_swap_mask(SigmaskHow::SIG_BLOCK) else {
-            return;
-        };
-        if let Err(e) = tcsetpgrp(io::stdin().as_fd(), getpgrp()) {
-            tracing::debug!(error = %e, "polylock: taking the terminal back failed");
-        }
-        let _ = old.thread_set_mask();
+    }
+}
+
+/// Makes polylock's own group the terminal's foreground group again.
+fn take_terminal_back() {
+    let mut ttou = SigSet::empty();
+    ttou.add(Signal::SIGTTOU);
+    // polylock is a background group now: block SIGTTOU for this call.
+    let Ok(old) = ttou.thread_swap_mask(SigmaskHow::SIG_BLOCK) else {
+        return;
+    };
+    if let Err(e) = tcsetpgrp(io::stdin().as_fd(), getpgrp()) {
+        tracing::debug!(error = %e, "polylock: taking the terminal back failed");
+    }
+    let _ = old.thread_set_mask();
+}
+
+fn is_pid(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Whether the `/proc/PID/stat` line `stat` is of a live (not zombie)
+/// process in process group `group`. The command name, in parentheses,
+/// may hold spaces and parentheses: the fields are read after the last
+/// `)` (state, parent, process group).
+fn runs_in_group(stat: &str, group: i32) -> bool {
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    let mut fields = rest.split_whitespace();
+    let (Some(state), Some(_parent), Some(pgrp)) = (fields.next(), fields.next(), fields.next())
+    else {
+        return false;
+    };
+    state != "Z" && state != "X" && pgrp.parse() == Ok(group)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines_are_read_after_the_command_name() {
+        assert!(runs_in_group("42 (sh) S 1 42 42 0 -1", 42));
+        assert!(runs_in_group("43 (a ) b) R 42 42 42 0", 42));
+        assert!(!runs_in_group("44 (sleep) Z 1 42 42 0", 42));
+        assert!(!runs_in_group("45 (sleep) S 1 7 7 0", 42));
+        assert!(!runs_in_group("garbage", 42));
     }
 }

@@ -9,7 +9,8 @@ pub(crate) const LOCK_LOST: u8 = 76;
 pub(crate) const BACKEND: u8 = 69;
 /// Bad arguments, URL, name or duration.
 pub(crate) const USAGE: u8 = 64;
-/// The command was found but could not be executed (permission denied).
+/// The command could not be executed (no permission, not an executable
+/// format, no resources to start it).
 pub(crate) const CANNOT_EXECUTE: u8 = 126;
 /// The command could not be started (not found).
 pub(crate) const CANNOT_EXEC: u8 = 127;

@@ -349,6 +349,16 @@ fn init_logging(verbose: u8) {
 }
 
 fn main() -> ExitCode {
+    // `compare` and `bench` hand every argument after them to their own
+    // programs untouched: parsed here, their `--url`, `--config` and `-v`
+    // would be taken for polylock's global flags (a bench's `--url` lost,
+    // two of them refused).
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(tool @ ("compare" | "bench")) = argv.get(1).and_then(|a| a.to_str()) {
+        let f = external::exec(tool, &argv[2..]);
+        eprintln!("polylock: {}", one_line(&f.message));
+        return ExitCode::from(f.code);
+    }
     let cli = match parse() {
         Ok(cli) => cli,
         Err(code) => return code,
@@ -442,14 +452,20 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             run::hold(&connect(&config).await?, &args).await
         }
         Command::Guarantees => {
+            admin::quiet_on_closed_stdout();
             print!("{}", polylock::guarantees_table());
             Ok(0)
         }
         Command::Status { name } if polylock::MigrateConfig::parse(&url).is_ok() => {
+            admin::quiet_on_closed_stdout();
             admin::status_migrate(&url, &name).await
         }
-        Command::Status { name } => admin::status(&connect(&config).await?, &name).await,
+        Command::Status { name } => {
+            admin::quiet_on_closed_stdout();
+            admin::status(&connect(&config).await?, &name).await
+        }
         Command::List { prefix, limit } => {
+            admin::quiet_on_closed_stdout();
             admin::list(&connect(&config).await?, &prefix, limit).await
         }
         Command::Release { name, force } => {

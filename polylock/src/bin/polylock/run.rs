@@ -17,6 +17,27 @@ use crate::child::{self, Spawned};
 use crate::duration::show;
 use crate::{exit, Failure};
 
+/// Waits until no process of the command's group runs any more (its
+/// leader has exited), killing the group at `kill_at`, or at once when the
+/// lock is lost: then why.
+async fn drain(cmd: &Spawned, guard: &LockGuard, kill_at: Instant) -> Option<String> {
+    while cmd.group_running() {
+        tokio::select! {
+            biased;
+            _ = guard.lost() => {
+                cmd.signal(Signal::SIGKILL);
+                return Some("it ended while the command's group was stopping".into());
+            }
+            _ = sleep_until(kill_at) => {
+                cmd.signal(Signal::SIGKILL);
+                return None;
+            }
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+    None
+}
+
 /// The shortest TTL `run` and `hold` accept. Below it the watchdog's
 /// renewal (every third of the TTL) and the stop before the deadline leave
 /// no room for one slow round trip.
@@ -217,9 +238,12 @@ pub(crate) async fn run(
         Err(e) => {
             let _ = release(guard, args.ttl).await;
             let what = program.to_string_lossy();
+            // As a shell does: 127 only when there is no such program,
+            // 126 when it cannot be run (no permission, not an executable
+            // format, busy, no resources to start it).
             let code = match e.kind() {
-                ErrorKind::PermissionDenied => exit::CANNOT_EXECUTE,
-                _ => exit::CANNOT_EXEC,
+                ErrorKind::NotFound => exit::CANNOT_EXEC,
+                _ => exit::CANNOT_EXECUTE,
             };
             return Err(Failure::new(code, format!("cannot run {what}: {e}")));
         }
@@ -233,6 +257,8 @@ pub(crate) async fn run(
     // Set once the command was killed at the deadline SIGTERM gave it,
     // though a renewal had come through meanwhile.
     let mut killed = false;
+    // Set once polylock forwarded a signal to the command's group.
+    let mut forwarded = false;
     let status = loop {
         let lease = guard.lease();
         let deadline = lease.deadline();
@@ -256,12 +282,14 @@ pub(crate) async fn run(
                 // Woken at the stop time of the lease we read; a renewal
                 // in between moved the deadline and the loop goes round.
                 if guard.lease().deadline() == lease.deadline() {
+                    // Signalled before the message: a blocked stderr (a full
+                    // pipe, a paused terminal) must not hold the signal up.
+                    cmd.signal(Signal::SIGTERM);
                     eprintln!(
-                        "polylock: lock {name:?}: renewals are failing; sending SIGTERM, \
+                        "polylock: lock {name:?}: renewals are failing; sent SIGTERM, \
                          SIGKILL in {} at the lease's deadline",
                         show(deadline.saturating_duration_since(Instant::now()))
                     );
-                    cmd.signal(Signal::SIGTERM);
                     // The renewal was due a third of the TTL after the last one.
                     let due = lease.sent_at() + lease.ttl() / 3;
                     stopping = Some((due, deadline));
@@ -284,9 +312,23 @@ pub(crate) async fn run(
                     lost = Some(cause);
                 }
             }
-            sig = signals.recv() => cmd.signal(sig),
+            sig = signals.recv() => {
+                cmd.signal(sig);
+                forwarded = true;
+            }
         }
     };
+    // The leader has exited; what it started in its group may not have.
+    // Once the group was told to stop (renewals failing, or a signal
+    // polylock forwarded), the lock stays held until the group is gone, and
+    // the group is killed at the deadline, or at once if the lock is lost.
+    if lost.is_none() && !killed && (stopping.is_some() || forwarded) {
+        let kill_at = stopping.map_or_else(|| guard.lease().deadline(), |(_, d)| d);
+        if let Some(cause) = drain(&cmd, &guard, kill_at).await {
+            eprintln!("polylock: lock {name:?} was lost: {cause}; killed the command's group");
+            lost = Some(cause);
+        }
+    }
     cmd.restore_terminal();
     let status =
         status.map_err(|e| Failure::new(exit::BACKEND, format!("waiting for the command: {e}")))?;
