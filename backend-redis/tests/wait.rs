@@ -388,6 +388,18 @@ async fn a_waiters_fallback_polls_follow_the_requested_pacing() {
     }
 }
 
+/// When `locker` got `n` (waiting up to 20 s), released at once after.
+async fn taken_at(locker: Locker, n: lock_core::LockName) -> lock_core::Result<Instant> {
+    let g = locker
+        .lock(n.as_str())
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await?;
+    let at = Instant::now();
+    g.release().await?;
+    Ok(at)
+}
+
 /// In fair mode a waiter whose caller asked for a slow pacing still keeps
 /// its place in the queue: its entry lives a few seconds past its last
 /// attempt, so the pacing is capped at the fair mode's own. A waiter that
@@ -402,34 +414,10 @@ async fn a_slow_pacing_keeps_a_fair_waiters_place() {
     let slow = Locker::from_arc(backend(&url).await).with_retry(
         lock_core::wait::Backoff::new(Duration::from_secs(5), Duration::from_secs(5)).unwrap(),
     );
-    let first = tokio::spawn({
-        let n = n.clone();
-        async move {
-            let g = slow
-                .lock(n.as_str())
-                .wait(Duration::from_secs(20))
-                .acquire()
-                .await?;
-            let at = Instant::now();
-            g.release().await?;
-            Ok::<_, lock_core::LockError>(at)
-        }
-    });
+    let first = tokio::spawn(taken_at(slow, n.clone()));
     sleep(Duration::from_millis(300)).await;
     let later = Locker::from_arc(backend(&url).await);
-    let second = tokio::spawn({
-        let n = n.clone();
-        async move {
-            let g = later
-                .lock(n.as_str())
-                .wait(Duration::from_secs(20))
-                .acquire()
-                .await?;
-            let at = Instant::now();
-            g.release().await?;
-            Ok::<_, lock_core::LockError>(at)
-        }
-    });
+    let second = tokio::spawn(taken_at(later, n.clone()));
     // Past the slow waiter's queue entry life (2 s) without an attempt of
     // its own at a 5 s pacing.
     sleep(Duration::from_secs(4)).await;
