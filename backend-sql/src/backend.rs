@@ -85,6 +85,9 @@ struct Inner {
     /// answer (a timeout, a broken connection), until the TTL they asked
     /// for has passed; see [`SqlBackend::try_acquire`].
     unsure: Mutex<HashMap<(LockName, OwnerToken), Instant>>,
+    /// This client's id, written beside each grant it makes
+    /// (`grant_client`): a retry takes back only its own client's grants.
+    client_id: String,
     /// One turn per name and owner at a time for acquire statements; see
     /// [`SqlBackend::try_acquire`]. An entry lives while a turn is taken
     /// or awaited.
@@ -379,6 +382,11 @@ impl SqlBackend {
                 hub,
                 fences_ready: OnceCell::new(),
                 unsure: Mutex::new(HashMap::new()),
+                client_id: format!(
+                    "{:0width$x}",
+                    rand::random::<u64>(),
+                    width = crate::dialect::GRANT_CLIENT_LEN
+                ),
                 turns: Turns::default(),
                 config,
             }),
@@ -959,9 +967,11 @@ impl LockBackend for SqlBackend {
     /// database (an operation timeout, a broken connection) may have taken
     /// the row with nobody told. The next attempt of this client for the
     /// same name and owner (the retry of a waiting acquire, or the caller's
-    /// own) therefore also takes a live row held under its own owner, so
-    /// it does not wait a TTL for its own orphan. The version goes up as
-    /// for any grant, so the orphan's holding is superseded.
+    /// own) therefore also takes a live row held under its own owner and
+    /// granted by this client, so it does not wait a TTL for its own
+    /// orphan. The version goes up as for any grant, so the orphan's
+    /// holding is superseded. A row the same owner holds through another
+    /// client is never taken back: each grant records its client.
     ///
     /// The same owner may also be a second acquisition (an explicit
     /// [`Owner`](lock_core::Owner) taking the name again while the retry
@@ -1001,6 +1011,7 @@ impl LockBackend for SqlBackend {
         let meta = req.meta.as_ref().map(HolderMeta::encode);
         let (name, owner, sql) = (req.name.as_str(), owner.as_str(), &self.inner.sql);
         let meta = meta.as_deref();
+        let client = self.inner.client_id.as_str();
         // Each send after the first (a broken connection) may follow one
         // that ran: it takes back our own row too.
         let mut statement = || {
@@ -1018,6 +1029,7 @@ impl LockBackend for SqlBackend {
                             .bind(owner)
                             .bind(units)
                             .bind(meta)
+                            .bind(client)
                             .fetch_optional(p)
                             .await
                     }
@@ -1033,6 +1045,7 @@ impl LockBackend for SqlBackend {
                             .bind(owner.as_bytes())
                             .bind(units)
                             .bind(meta.map(str::as_bytes))
+                            .bind(client.as_bytes())
                             .execute(p)
                             .await
                     }

@@ -129,23 +129,36 @@ impl Dialect {
     ///   the future: every committing NOTIFY takes one database-wide lock,
     ///   so notifying releases nobody waits for would serialise the
     ///   commits of unrelated locks.
+    /// - `grant_client`: the id of the client (one [`SqlBackend`] and its
+    ///   clones) whose acquire wrote the grant. A retry after an unanswered
+    ///   attempt takes back a live row of its own owner only when this
+    ///   client made it: one owner used through two clients must never
+    ///   take the other's holding.
+    ///
+    /// [`SqlBackend`]: crate::SqlBackend
     pub(crate) fn added_columns(self) -> Vec<(&'static str, String)> {
         let max = HolderMeta::MAX_ENCODED;
         match self {
             Dialect::Sqlite => vec![
                 ("holder_meta", "TEXT NULL".into()),
                 ("meta_version", "INTEGER NULL".into()),
+                ("grant_client", "TEXT NULL".into()),
             ],
             Dialect::Postgres => vec![
                 ("holder_meta", format!("VARCHAR({max}) NULL")),
                 ("meta_version", "BIGINT NULL".into()),
                 ("wake_until", "TIMESTAMPTZ NULL".into()),
+                ("grant_client", format!("VARCHAR({GRANT_CLIENT_LEN}) NULL")),
             ],
             // Printable ASCII only, so bytes are as good as text, and the
             // table keeps one comparison rule.
             Dialect::MySql => vec![
                 ("holder_meta", format!("VARBINARY({max}) NULL")),
                 ("meta_version", "BIGINT UNSIGNED NULL".into()),
+                (
+                    "grant_client",
+                    format!("VARBINARY({GRANT_CLIENT_LEN}) NULL"),
+                ),
             ],
         }
     }
@@ -274,7 +287,8 @@ pub(crate) struct Statements {
     /// The column names of [`Dialect::added_columns`] and the `ALTER TABLE`
     /// adding each.
     pub(crate) add_columns: Vec<(&'static str, Arc<str>)>,
-    /// Binds: name, owner, ttl units, holder metadata (or NULL).
+    /// Binds: name, owner, ttl units, holder metadata (or NULL), this
+    /// client's id (`grant_client`).
     /// PG/SQLite: returns `version` when won.
     /// MySQL: the OK packet's last-insert-id is the version when won, 0 when not.
     pub(crate) acquire: Arc<str>,
@@ -292,8 +306,8 @@ pub(crate) struct Statements {
     /// only while it is held, so 0 rows means it is free now: try again
     /// at once. Others: `None` (their waiters poll).
     pub(crate) want_wake: Option<Arc<str>>,
-    /// As `acquire`, but also takes a live row held under the same owner:
-    /// for a retry after an attempt whose answer was lost (see
+    /// As `acquire`, but also takes a live row held under the same owner
+    /// and granted to this client (`grant_client`): for a retry after an attempt whose answer was lost (see
     /// `SqlBackend::try_acquire`).
     pub(crate) reclaim: Arc<str>,
     /// Binds: name. Returns the row's version.
@@ -328,6 +342,9 @@ pub(crate) struct Statements {
 fn pg_notify_if_wanted(channel: &str) -> String {
     format!("CASE WHEN wake_until > clock_timestamp() THEN pg_notify({channel}, name)::text END")
 }
+
+/// The length of a client's id in `grant_client`: 16 hex digits.
+pub(crate) const GRANT_CLIENT_LEN: usize = 16;
 
 /// The holder metadata of a row, shown only when the grant that wrote it
 /// is the row's current one (see [`Dialect::added_columns`]).
@@ -432,8 +449,8 @@ impl Statements {
     pub(crate) fn hot(&self) -> Vec<(Arc<str>, Vec<Bind>)> {
         use Bind::*;
         let mut hot = vec![
-            (self.acquire.clone(), vec![Text, Text, Int8, Text]),
-            (self.reclaim.clone(), vec![Text, Text, Int8, Text]),
+            (self.acquire.clone(), vec![Text, Text, Int8, Text, Text]),
+            (self.reclaim.clone(), vec![Text, Text, Int8, Text, Text]),
             (self.renew.clone(), vec![Text, Text, Int8, Int8]),
             (self.release.clone(), vec![Text, Text, Int8, Text]),
         ];
@@ -469,6 +486,19 @@ impl Statements {
         match dialect {
             Dialect::Sqlite => {
                 let now = SQLITE_NOW_MS;
+                // The grant; `take_back` widens which live rows it takes.
+                let grant = |take_back: &str| {
+                    format!(
+                        "INSERT INTO {t} (name, owner, version, expires_at, holder_meta, \
+                         meta_version, grant_client) VALUES (?1, ?2, 1, {now} + ?3, ?4, 1, ?5) \
+                         ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, \
+                         version = {t}.version + 1, expires_at = excluded.expires_at, \
+                         holder_meta = excluded.holder_meta, meta_version = {t}.version + 1, \
+                         grant_client = excluded.grant_client \
+                         WHERE {t}.owner IS NULL OR {t}.expires_at <= {now}{take_back} \
+                         RETURNING version"
+                    )
+                };
                 Statements {
                     create_locks: s(dialect.lock_table_ddl(t)),
                     create_fences: s(dialect.fence_table_ddl(fence_table)),
@@ -482,25 +512,11 @@ impl Statements {
                     add_columns,
                     // SET expressions read the old row, so both versions
                     // are the new one.
-                    acquire: s(format!(
-                        "INSERT INTO {t} (name, owner, version, expires_at, holder_meta, \
-                         meta_version) VALUES (?1, ?2, 1, {now} + ?3, ?4, 1) \
-                         ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, \
-                         version = {t}.version + 1, expires_at = excluded.expires_at, \
-                         holder_meta = excluded.holder_meta, meta_version = {t}.version + 1 \
-                         WHERE {t}.owner IS NULL OR {t}.expires_at <= {now} \
-                         RETURNING version"
-                    )),
-                    reclaim: s(format!(
-                        "INSERT INTO {t} (name, owner, version, expires_at, holder_meta, \
-                         meta_version) VALUES (?1, ?2, 1, {now} + ?3, ?4, 1) \
-                         ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, \
-                         version = {t}.version + 1, expires_at = excluded.expires_at, \
-                         holder_meta = excluded.holder_meta, meta_version = {t}.version + 1 \
-                         WHERE {t}.owner IS NULL OR {t}.expires_at <= {now} \
-                         OR {t}.owner = excluded.owner \
-                         RETURNING version"
-                    )),
+                    acquire: s(grant("")),
+                    reclaim: s(grant(&format!(
+                        " OR ({t}.owner = excluded.owner \
+                         AND {t}.grant_client = excluded.grant_client)"
+                    ))),
                     renew: s(format!(
                         "UPDATE {t} SET expires_at = {now} + ?4 \
                          WHERE name = ?1 AND owner = ?2 AND version = ?3 AND expires_at > {now}"
@@ -569,6 +585,20 @@ impl Statements {
                 // lock would judge expiry by a stale time.
                 let now = "clock_timestamp()";
                 let ttl = |p: &str| format!("{now} + {p}::bigint * INTERVAL '1 microsecond'");
+                // The grant; `take_back` widens which live rows it takes.
+                let grant = |take_back: &str| {
+                    format!(
+                        "INSERT INTO {t} AS l (name, owner, version, expires_at, holder_meta, \
+                         meta_version, grant_client) VALUES ($1, $2, 1, {exp}, $4, 1, $5) \
+                         ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, \
+                         version = l.version + 1, expires_at = {exp}, \
+                         holder_meta = EXCLUDED.holder_meta, meta_version = l.version + 1, \
+                         grant_client = EXCLUDED.grant_client \
+                         WHERE l.owner IS NULL OR l.expires_at <= {now}{take_back} \
+                         RETURNING version",
+                        exp = ttl("$3")
+                    )
+                };
                 Statements {
                     create_locks: s(dialect.lock_table_ddl(t)),
                     create_fences: s(dialect.fence_table_ddl(fence_table)),
@@ -582,26 +612,9 @@ impl Statements {
                             .into(),
                     ),
                     add_columns,
-                    acquire: s(format!(
-                        "INSERT INTO {t} AS l (name, owner, version, expires_at, holder_meta, \
-                         meta_version) VALUES ($1, $2, 1, {exp}, $4, 1) \
-                         ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, \
-                         version = l.version + 1, expires_at = {exp}, \
-                         holder_meta = EXCLUDED.holder_meta, meta_version = l.version + 1 \
-                         WHERE l.owner IS NULL OR l.expires_at <= {now} \
-                         RETURNING version",
-                        exp = ttl("$3")
-                    )),
-                    reclaim: s(format!(
-                        "INSERT INTO {t} AS l (name, owner, version, expires_at, holder_meta, \
-                         meta_version) VALUES ($1, $2, 1, {exp}, $4, 1) \
-                         ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, \
-                         version = l.version + 1, expires_at = {exp}, \
-                         holder_meta = EXCLUDED.holder_meta, meta_version = l.version + 1 \
-                         WHERE l.owner IS NULL OR l.expires_at <= {now} \
-                         OR l.owner = EXCLUDED.owner \
-                         RETURNING version",
-                        exp = ttl("$3")
+                    acquire: s(grant("")),
+                    reclaim: s(grant(
+                        " OR (l.owner = EXCLUDED.owner AND l.grant_client = EXCLUDED.grant_client)",
                     )),
                     renew: s(format!(
                         "UPDATE {t} SET expires_at = {exp} \
@@ -680,6 +693,35 @@ impl Statements {
                 // UTC_TIMESTAMP(6): microseconds, independent of the session
                 // time zone, and constant within one statement.
                 let now = "UTC_TIMESTAMP(6)";
+                // One statement, atomic under the row lock InnoDB takes
+                // for the duplicate key. MySQL has no RETURNING, so the
+                // outcome travels in LAST_INSERT_ID(expr), which the
+                // server puts in the OK packet of this very statement:
+                // - a new row: version 1, LAST_INSERT_ID(1);
+                // - a free or expired row: LAST_INSERT_ID(version + 1);
+                // - a held row: LAST_INSERT_ID(0), and nothing changes.
+                // ON DUPLICATE KEY UPDATE assignments run left to right
+                // and later ones see earlier ones, so `version` is
+                // decided first (reading the old owner and expires_at)
+                // and the others follow LAST_INSERT_ID(), never 0 for a
+                // winner since versions start at 1. IF() evaluates only
+                // the branch it picks. `meta_version` reads the new
+                // `version`.
+                // `take_back` widens which live rows it takes.
+                let grant = |take_back: &str| {
+                    format!(
+                        "INSERT INTO {t} (name, owner, version, expires_at, holder_meta, \
+                         meta_version, grant_client) \
+                         VALUES (?, ?, LAST_INSERT_ID(1), {now} + INTERVAL ? MICROSECOND, ?, 1, ?) \
+                         ON DUPLICATE KEY UPDATE \
+                         version = IF(owner IS NULL OR expires_at <= {now}{take_back}, \
+                           LAST_INSERT_ID(version + 1), version + LAST_INSERT_ID(0)), \
+                         expires_at = IF(LAST_INSERT_ID() <> 0, VALUES(expires_at), expires_at), \
+                         {MYSQL_META_UPDATE}, \
+                         grant_client = IF(LAST_INSERT_ID() <> 0, VALUES(grant_client), grant_client), \
+                         owner = IF(LAST_INSERT_ID() <> 0, VALUES(owner), owner)"
+                    )
+                };
                 Statements {
                     create_locks: s(dialect.lock_table_ddl(t)),
                     create_fences: s(dialect.fence_table_ddl(fence_table)),
@@ -693,44 +735,11 @@ impl Statements {
                          WHERE table_schema = DATABASE() AND table_name = ? AND column_name = ?"
                         .into()),
                     add_columns,
-                    // One statement, atomic under the row lock InnoDB takes
-                    // for the duplicate key. MySQL has no RETURNING, so the
-                    // outcome travels in LAST_INSERT_ID(expr), which the
-                    // server puts in the OK packet of this very statement:
-                    // - a new row: version 1, LAST_INSERT_ID(1);
-                    // - a free or expired row: LAST_INSERT_ID(version + 1);
-                    // - a held row: LAST_INSERT_ID(0), and nothing changes.
-                    // ON DUPLICATE KEY UPDATE assignments run left to right
-                    // and later ones see earlier ones, so `version` is
-                    // decided first (reading the old owner and expires_at)
-                    // and the others follow LAST_INSERT_ID(), never 0 for a
-                    // winner since versions start at 1. IF() evaluates only
-                    // the branch it picks. `meta_version` reads the new
-                    // `version`.
-                    acquire: s(format!(
-                        "INSERT INTO {t} (name, owner, version, expires_at, holder_meta, \
-                         meta_version) \
-                         VALUES (?, ?, LAST_INSERT_ID(1), {now} + INTERVAL ? MICROSECOND, ?, 1) \
-                         ON DUPLICATE KEY UPDATE \
-                         version = IF(owner IS NULL OR expires_at <= {now}, \
-                           LAST_INSERT_ID(version + 1), version + LAST_INSERT_ID(0)), \
-                         expires_at = IF(LAST_INSERT_ID() <> 0, VALUES(expires_at), expires_at), \
-                         {MYSQL_META_UPDATE}, \
-                         owner = IF(LAST_INSERT_ID() <> 0, VALUES(owner), owner)"
-                    )),
-                    // `owner` still holds the old value when `version` is
-                    // decided (it is assigned last).
-                    reclaim: s(format!(
-                        "INSERT INTO {t} (name, owner, version, expires_at, holder_meta, \
-                         meta_version) \
-                         VALUES (?, ?, LAST_INSERT_ID(1), {now} + INTERVAL ? MICROSECOND, ?, 1) \
-                         ON DUPLICATE KEY UPDATE \
-                         version = IF(owner IS NULL OR expires_at <= {now} \
-                           OR owner = VALUES(owner), \
-                           LAST_INSERT_ID(version + 1), version + LAST_INSERT_ID(0)), \
-                         expires_at = IF(LAST_INSERT_ID() <> 0, VALUES(expires_at), expires_at), \
-                         {MYSQL_META_UPDATE}, \
-                         owner = IF(LAST_INSERT_ID() <> 0, VALUES(owner), owner)"
+                    acquire: s(grant("")),
+                    // `owner` and `grant_client` still hold the old values
+                    // when `version` is decided (they are assigned after).
+                    reclaim: s(grant(
+                        " OR (owner = VALUES(owner) AND grant_client = VALUES(grant_client))",
                     )),
                     renew: s(format!(
                         "UPDATE {t} SET expires_at = {now} + INTERVAL ? MICROSECOND \

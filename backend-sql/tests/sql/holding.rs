@@ -202,6 +202,87 @@ async fn mariadb_retried_acquire_takes_back_its_orphan() {
     retried_acquire_takes_back_its_orphan("mariadb", m.url(), m.port()).await;
 }
 
+/// Holds `name`'s row (or, on SQLite, the file's write lock) in a
+/// transaction of its own, so that an acquire statement for it waits.
+async fn block_row(db: &common::Db, name: &str) -> sqlx::AnyConnection {
+    let mut blocker = raw_connection(&db.base).await;
+    let statements = match db.dialect {
+        backend_sql::Dialect::Sqlite => vec!["BEGIN IMMEDIATE".to_string()],
+        _ => vec![
+            "BEGIN".to_string(),
+            format!(
+                "SELECT version FROM {} WHERE name = '{name}' FOR UPDATE",
+                common::table_of(&db.url)
+            ),
+        ],
+    };
+    for sql in statements {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut blocker)
+            .await
+            .unwrap();
+    }
+    blocker
+}
+
+/// One owner used through two clients of one database: the second
+/// client's attempt gets no answer (its caller gives up while the
+/// statement waits), so its next attempt may take back a row of its own.
+/// The live row is the first client's, and must stay so; the first
+/// client's own retry still takes back its row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_takes_back_no_other_clients_row_of_the_same_owner() {
+    for db in common::all().await {
+        let d = db.dialect;
+        let (first, second) = (db.client().await, db.client().await);
+        let name = unique("shared_owner");
+        let req = request(
+            &name,
+            OwnerToken::random(),
+            Duration::from_secs(30),
+            Duration::ZERO,
+        );
+        let held = first
+            .try_acquire(&req)
+            .await
+            .unwrap()
+            .expect("the first client takes it");
+        let mut blocker = block_row(&db, &name).await;
+        let gave_up = timeout(Duration::from_millis(300), second.try_acquire(&req)).await;
+        assert!(
+            gave_up.is_err(),
+            "{d:?}: a blocked attempt answered: {gave_up:?}"
+        );
+        sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+        let again = second.try_acquire(&req).await.unwrap();
+        assert!(
+            again.is_none(),
+            "{d:?}: the second client took the first client's row: {again:?}"
+        );
+        let held = first
+            .renew(&held)
+            .await
+            .unwrap_or_else(|e| panic!("{d:?}: the first client's holding: {e}"));
+
+        // The first client's own unanswered attempt is taken back by its
+        // retry, with a new fence.
+        let mut blocker = block_row(&db, &name).await;
+        let gave_up = timeout(Duration::from_millis(300), first.try_acquire(&req)).await;
+        assert!(
+            gave_up.is_err(),
+            "{d:?}: a blocked attempt answered: {gave_up:?}"
+        );
+        sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+        let retaken = first
+            .try_acquire(&req)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{d:?}: the retry did not take back its own row"));
+        assert!(retaken.fence() > held.fence(), "{d:?}");
+        first.release(&retaken).await.unwrap();
+    }
+}
+
 /// A release whose statement freed the row but whose answer was lost to a
 /// broken connection is sent again; a waiter took the row in between. The
 /// resend finds a higher version, which is no evidence of a loss: the
