@@ -199,9 +199,15 @@ impl MigrateConfig {
                 )));
             }
             // The shared parts (scheme, hosts, credentials) are checked now;
-            // each backend checks its own options when it connects.
-            LockUrl::parse(u, "SCHEME://HOST...")
-                .map_err(|e| bad(format!("the {side} URL: {}", strip_config(e))))?;
+            // each backend checks its own options when it connects. No host
+            // is fine here: a Unix socket (`postgres:///db?host=/run/...`)
+            // or a file (`sqlite:///abs.db`, `sqlite:rel.db`) has none.
+            let parsed = if u.contains("://") {
+                LockUrl::parse_optional_host(u, "SCHEME://HOST...")
+            } else {
+                LockUrl::parse_file(u, "SCHEME:PATH")
+            };
+            parsed.map_err(|e| bad(format!("the {side} URL: {}", strip_config(e))))?;
         }
         if legacy == target {
             return Err(bad(
@@ -304,7 +310,21 @@ mod tests {
         assert_eq!(c.phase(), Phase::Target);
         // The default phase is the one that excludes everybody.
         let c = MigrateConfig::parse("migrate+redis://h?to=sqlite%3A%2F%2Fa.db").unwrap();
-        assert_eq!((c.legacy_url(), c.phase()), ("redis://h", Phase::Both));
+        assert_eq!((c.legacy_url(), c.phase()), ("redis://h", Phase::Both)); // Sides without a host: a file, a Unix socket.
+        for target in [
+            "sqlite:///var/lib/locks.db",
+            "sqlite:locks.db",
+            "postgres:///locks?host=/run/postgresql",
+        ] {
+            let c = MigrateConfig::new("redis://h", target, Phase::Both)
+                .unwrap_or_else(|e| panic!("{target}: {e}"));
+            let back = MigrateConfig::parse(&c.to_url()).unwrap();
+            assert_eq!(back.target_url(), target);
+            let c = MigrateConfig::new(target, "redis://h", Phase::Both)
+                .unwrap_or_else(|e| panic!("legacy {target}: {e}"));
+            let back = MigrateConfig::parse(&c.to_url()).unwrap();
+            assert_eq!(back.legacy_url(), target);
+        }
     }
 
     #[test]

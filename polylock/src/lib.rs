@@ -30,7 +30,7 @@ mod registry;
 
 pub use config::{connect_from_env, Config};
 pub use guarantees::{declared_guarantees, guarantees_table, operations_table};
-pub use registry::available_schemes;
+pub use registry::{available_schemes, declared_guarantees_of};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 

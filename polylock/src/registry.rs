@@ -85,6 +85,25 @@ pub(crate) fn built_guarantees() -> Vec<Guarantees> {
         .collect()
 }
 
+/// What the backend serving `url`'s scheme declares, one entry per kind it
+/// serves (SQL dialect, Redis algorithm), read before connecting: empty
+/// when this build has no such backend (connecting says why).
+///
+/// ```
+/// let declared = polylock::declared_guarantees_of("memory://t").unwrap();
+/// assert_eq!(declared[0].expiry_clock, polylock::ExpiryClock::Local);
+/// assert!(polylock::declared_guarantees_of("nosuch://x").unwrap().is_empty());
+/// ```
+pub fn declared_guarantees_of(url: &str) -> Result<Vec<Guarantees>, LockError> {
+    let scheme = scheme_of(url)?;
+    Ok(BACKENDS
+        .iter()
+        .find(|e| e.schemes.contains(&scheme.as_str()))
+        .and_then(|e| e.built)
+        .map(|b| (b.guarantees)())
+        .unwrap_or_default())
+}
+
 /// The schemes this build can connect to.
 pub fn available_schemes() -> Vec<&'static str> {
     schemes_of(BACKENDS)

@@ -165,6 +165,35 @@ fn memory_urls_and_tiny_ttls_are_refused_before_the_command_runs() {
             "{args:?}: {err}"
         );
     }
+    // A migration lock with an in-process side, in any phase: the side in
+    // use is no cross-process lock, and a side not in use yet will be.
+    let file = dir.path().join("side.db");
+    let sqlite = format!("sqlite://{}", file.display());
+    let encoded = |url: &str| url.replace(':', "%3A").replace('/', "%2F");
+    for url in [
+        format!("migrate+{sqlite}?to={}&phase=both", encoded("memory://t")),
+        format!("migrate+{sqlite}?to={}&phase=legacy", encoded("memory://t")),
+        format!("migrate+memory://t?to={}&phase=target", encoded(&sqlite)),
+    ] {
+        for args in [
+            &["run", "x", "--", "touch", "ran"][..],
+            &["hold", "x"],
+            &["status", "x"],
+            &["release", "--force", "x"],
+        ] {
+            let out = output(polylock(dir.path(), Some(&url)).args(args));
+            assert_eq!(out.status.code(), Some(64), "{url} {args:?}");
+            let err = text(&out.stderr);
+            assert!(
+                err.contains("inside one process") && err.contains("across processes"),
+                "{url} {args:?}: {err}"
+            );
+        }
+    }
+    assert!(
+        !file.exists(),
+        "the SQLite side was connected before the refusal"
+    );
     for ttl in ["1ms", "5ms", "999ms"] {
         let out = output(
             polylock(dir.path(), None).args(["run", "--ttl", ttl, "x", "--", "touch", "ran"]),

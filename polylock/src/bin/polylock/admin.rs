@@ -110,6 +110,7 @@ fn print_queue(waiters: Option<usize>, wake_mode: &str, indent: &str) {
 pub(crate) async fn status_migrate(url: &str, name: &str) -> Result<u8, Failure> {
     let name = LockName::new(name)?;
     let config = polylock::MigrateConfig::parse(url)?;
+    crate::refuse_in_process_urls(url)?;
     let m = polylock::connect_migrate_config(&config).await?;
     let sides = m.inspect_sides(&name).await?;
     let (legacy_waiters, target_waiters) =

@@ -391,10 +391,11 @@ fn main() -> ExitCode {
     }
 }
 
-/// Connects, and refuses a backend whose locks live inside this process:
-/// it cannot lock anything across processes, so every `polylock` would see
-/// its own, empty, lock table.
+/// Connects, and refuses a backend whose locks live inside this process
+/// (see [`refuse_in_process`]): before any I/O when its URL's scheme says
+/// so (a migration lock's side included), else once connected.
 async fn connect(config: &Config) -> Result<Locker, Failure> {
+    refuse_in_process_urls(config.url())?;
     let locker = config.connect().await.map_err(|e| {
         let code = if matches!(e, LockError::Config(_)) {
             exit::USAGE
@@ -403,7 +404,14 @@ async fn connect(config: &Config) -> Result<Locker, Failure> {
         };
         Failure::new(code, format!("cannot connect to the lock service: {e}"))
     })?;
-    let g = locker.guarantees();
+    refuse_in_process(&locker.guarantees())?;
+    Ok(locker)
+}
+
+/// Refuses a backend whose locks live inside this process: it cannot lock
+/// anything across processes, so every `polylock` would see its own, empty,
+/// lock table.
+fn refuse_in_process(g: &polylock::Guarantees) -> Result<(), Failure> {
     if g.expiry_clock == ExpiryClock::Local {
         return Err(Failure::new(
             exit::USAGE,
@@ -415,7 +423,30 @@ async fn connect(config: &Config) -> Result<Locker, Failure> {
             ),
         ));
     }
-    Ok(locker)
+    Ok(())
+}
+
+/// [`refuse_in_process`] for a URL whose backend declares only in-process
+/// locks, and for either side of a migration lock's URL, whatever its
+/// phase: a side no other process sees is no step of a migration. A URL
+/// that does not parse is left to connecting, which says why.
+pub(crate) fn refuse_in_process_urls(url: &str) -> Result<(), Failure> {
+    let urls = match polylock::MigrateConfig::parse(url) {
+        Ok(m) => vec![m.legacy_url().to_string(), m.target_url().to_string()],
+        Err(_) => vec![url.to_string()],
+    };
+    for url in urls {
+        let declared = polylock::declared_guarantees_of(&url).unwrap_or_default();
+        if let Some(g) = declared.first() {
+            if declared
+                .iter()
+                .all(|g| g.expiry_clock == ExpiryClock::Local)
+            {
+                refuse_in_process(g)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
