@@ -429,6 +429,120 @@ fn ctrl_c_on_a_terminal_reaches_the_command_once_and_it_reads_the_terminal() {
     drop(tty);
 }
 
+/// An interactive bash on a pty (util-linux `script`), typed into and read
+/// as a user would.
+struct Shell {
+    tty: std::process::ChildStdin,
+    screen: std::sync::Arc<std::sync::Mutex<String>>,
+    _script: KillOnDrop,
+}
+
+impl Shell {
+    fn start(dir: &std::path::Path) -> Shell {
+        let mut script = std::process::Command::new("script")
+            .args([
+                "-qfec",
+                "env PS1='$ ' bash --norc --noprofile -i",
+                "/dev/null",
+            ])
+            .current_dir(dir)
+            .env_remove("POLYLOCK_URL")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("util-linux `script` and bash are needed for this test");
+        let pid = KillOnDrop(Pid::from_raw(script.id() as i32));
+        let screen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut out = script.stdout.take().unwrap();
+        let seen = screen.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = std::io::Read::read(&mut out, &mut buf) {
+                if n == 0 {
+                    break;
+                }
+                seen.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Shell {
+            tty: script.stdin.take().unwrap(),
+            screen,
+            _script: pid,
+        }
+    }
+
+    fn type_in(&mut self, keys: &str) {
+        self.tty.write_all(keys.as_bytes()).unwrap();
+        self.tty.flush().unwrap();
+    }
+
+    fn screen(&self) -> String {
+        self.screen.lock().unwrap().clone()
+    }
+
+    /// Waits until `text` is on the screen `times` times.
+    fn wait_for(&self, text: &str, times: usize) {
+        assert!(
+            eventually(Duration::from_secs(20), || self
+                .screen()
+                .matches(text)
+                .count()
+                >= times),
+            "{text:?} did not appear; the screen:\n{}",
+            self.screen()
+        );
+    }
+}
+
+/// Ctrl-Z stops the command, and with it polylock's job, as it would stop
+/// the command started alone: the shell reports the job stopped and can
+/// continue it with `fg`. A stopped job renews nothing: after a stop
+/// shorter than the TTL the command goes on and the lock is still held;
+/// after a longer one another process takes the lock, and `fg` kills the
+/// command instead of continuing it (exit 76). The markers are typed with
+/// `""` inside, so the terminal's echo of the line does not match them.
+#[test]
+fn ctrl_z_stops_the_job_and_fg_continues_it_unless_the_lock_expired() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_polylock");
+    let mut shell = Shell::start(dir.path());
+    shell.type_in(&format!(
+        "{bin} run --ttl 30s short -- sh -c 'echo ST\"\"ARTED; sleep 4; echo FIN\"\"ISHED'\n"
+    ));
+    shell.wait_for("STARTED", 1);
+    shell.type_in("\x1a");
+    shell.wait_for("Stopped", 1);
+    // Still held: the stop was far shorter than the TTL.
+    let other = output(polylock(dir.path(), None).args(["run", "-n", "short", "--", "true"]));
+    assert_eq!(other.status.code(), Some(75), "{}", text(&other.stderr));
+    shell.type_in("fg; echo \"R\"\"C=$?\"\n");
+    shell.wait_for("FINISHED", 1);
+    shell.wait_for("RC=0", 1);
+
+    shell.type_in(&format!(
+        "{bin} run --ttl 1s long -- sh -c 'echo ST\"\"ARTED; sleep 30; echo FIN\"\"ISHED'\n"
+    ));
+    shell.wait_for("STARTED", 2);
+    shell.type_in("\x1a");
+    shell.wait_for("Stopped", 2);
+    // The stopped job let the lock expire: another process takes it.
+    let taken = eventually(Duration::from_secs(10), || {
+        output(polylock(dir.path(), None).args(["run", "-n", "long", "--", "true"]))
+            .status
+            .success()
+    });
+    assert!(taken, "the stopped job kept the lock");
+    shell.type_in("fg; echo \"R\"\"C=$?\"\n");
+    shell.wait_for("RC=76", 1);
+    let screen = shell.screen();
+    assert!(screen.contains("was lost"), "{screen}");
+    assert_eq!(screen.matches("FINISHED").count(), 1, "{screen}");
+    shell.type_in("exit\n");
+}
+
 /// polylock paused past the lease's deadline (SIGSTOP): on resume the loss
 /// is noticed late, and the command is killed at once, not after --grace.
 #[test]

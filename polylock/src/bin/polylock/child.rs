@@ -9,6 +9,14 @@
 //! polylock, which no longer gets it, forwards nothing: still one copy. The
 //! command can read the terminal as if it had been started by the shell.
 //!
+//! Job control follows from that: a Ctrl-Z stops the command's group, which
+//! the shell does not see, since its job is polylock. So polylock stops its
+//! own group the same way (the shell then reports the job stopped), and
+//! when the job is continued (`fg`, `bg`) it continues the command, in the
+//! foreground handing it the terminal again. While polylock is stopped it
+//! renews nothing: a stop longer than the lease loses the lock, and the
+//! command is then killed instead of continued.
+//!
 //! The command gets a parent-death signal (SIGKILL) set between fork and
 //! exec, so it dies when polylock dies, even of SIGKILL. Linux sends it when
 //! the *thread* that forked exits: the command is spawned from the future
@@ -20,6 +28,7 @@ use std::io;
 use std::os::fd::AsFd;
 
 use nix::sys::signal::{killpg, SigSet, SigmaskHow, Signal};
+use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::{getpgrp, getpid, getppid, tcgetpgrp, tcsetpgrp, Pid};
 use tokio::process::{Child, Command};
 
@@ -140,20 +149,74 @@ impl Spawned {
             take_terminal_back();
         }
     }
+
+    /// The signal that stopped the command (its group's leader), when it
+    /// was stopped since the last call: Ctrl-Z, a background read of the
+    /// terminal, SIGSTOP. Never reaps: an exit stays for `child.wait()`.
+    pub(crate) fn stopped(&self) -> Option<Signal> {
+        match waitid(
+            Id::Pid(self.group),
+            WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG,
+        ) {
+            Ok(WaitStatus::Stopped(_, sig)) => Some(sig),
+            _ => None,
+        }
+    }
+
+    /// Stops polylock's own job as the command was stopped (SIGSTOP as
+    /// SIGTSTP), after taking the terminal back, so the shell that started
+    /// polylock sees its job stopped. Without a controlling terminal on
+    /// stdin there is no job control to follow (the stop was someone's
+    /// SIGSTOP to the command): then nothing is done.
+    pub(crate) fn stop_job(&mut self, sig: Signal) {
+        if tcgetpgrp(io::stdin().as_fd()).is_err() {
+            return;
+        }
+        self.restore_terminal();
+        let sig = if sig == Signal::SIGSTOP {
+            Signal::SIGTSTP
+        } else {
+            sig
+        };
+        // The kernel discards it when polylock's group is orphaned (no
+        // shell above it could continue it): polylock then runs on.
+        if let Err(e) = killpg(getpgrp(), sig) {
+            tracing::debug!(error = %e, "polylock: stopping its own job failed");
+        }
+    }
+
+    /// Continues the command after polylock's job was continued; in the
+    /// foreground (`fg`), it gets the terminal back first.
+    pub(crate) fn continue_job(&mut self) {
+        let stdin = io::stdin();
+        if tcgetpgrp(stdin.as_fd()).is_ok_and(|fg| fg == getpgrp()) {
+            match set_foreground(self.group) {
+                Ok(()) => self.terminal = true,
+                Err(e) => {
+                    tracing::debug!(error = %e, "polylock: handing the terminal over failed");
+                }
+            }
+        }
+        self.signal(Signal::SIGCONT);
+    }
 }
 
 /// Makes polylock's own group the terminal's foreground group again.
 fn take_terminal_back() {
-    let mut ttou = SigSet::empty();
-    ttou.add(Signal::SIGTTOU);
-    // polylock is a background group now: block SIGTTOU for this call.
-    let Ok(old) = ttou.thread_swap_mask(SigmaskHow::SIG_BLOCK) else {
-        return;
-    };
-    if let Err(e) = tcsetpgrp(io::stdin().as_fd(), getpgrp()) {
+    if let Err(e) = set_foreground(getpgrp()) {
         tracing::debug!(error = %e, "polylock: taking the terminal back failed");
     }
+}
+
+/// Makes `group` the foreground group of the terminal on stdin. SIGTTOU is
+/// blocked for the call: polylock may be a background group by then.
+fn set_foreground(group: Pid) -> nix::Result<()> {
+    let mut ttou = SigSet::empty();
+    ttou.add(Signal::SIGTTOU);
+    let old = ttou.thread_swap_mask(SigmaskHow::SIG_BLOCK)?;
+    let set = tcsetpgrp(io::stdin().as_fd(), group);
     let _ = old.thread_set_mask();
+    set
 }
 
 fn is_pid(name: &str) -> bool {

@@ -92,6 +92,28 @@ impl Signals {
     }
 }
 
+/// SIGCHLD and SIGCONT, for following the command's job-control stops
+/// (see the `child` module): listened to before the command starts.
+struct JobSignals {
+    child: tokio::signal::unix::Signal,
+    cont: tokio::signal::unix::Signal,
+}
+
+impl JobSignals {
+    fn new() -> Result<Self, Failure> {
+        let fail = |e: std::io::Error| {
+            Failure::new(
+                exit::BACKEND,
+                format!("cannot install signal handlers: {e}"),
+            )
+        };
+        Ok(JobSignals {
+            child: signal(SignalKind::child()).map_err(fail)?,
+            cont: signal(SignalKind::from_raw(Signal::SIGCONT as i32)).map_err(fail)?,
+        })
+    }
+}
+
 /// Refuses a TTL the watchdog cannot keep: below [`MIN_TTL`] (checked
 /// before connecting, with `backend` None) or below the backend's minimum;
 /// and one above [`polylock::MAX_TTL`].
@@ -218,6 +240,7 @@ pub(crate) async fn run(
     command: &[OsString],
 ) -> Result<u8, Failure> {
     let mut signals = Signals::new()?;
+    let mut job = JobSignals::new()?;
     check_ttl(Some(&locker.guarantees()), args.ttl)?;
     let guard = match take(locker, args, &mut signals).await? {
         Ok(g) => g,
@@ -277,6 +300,25 @@ pub(crate) async fn run(
                 let cause = loss_cause(deadline, stopping.map(|(since, _)| since));
                 eprintln!("polylock: lock {name:?} was lost: {cause}; killed the command");
                 lost = Some(cause);
+            }
+            _ = job.cont.recv(), if lost.is_none() => {
+                // polylock's job was continued after a stop. Renewals
+                // stopped with it: past the deadline the command must not
+                // run again, whether or not the watchdog has said so yet.
+                if Instant::now() < guard.lease().deadline() {
+                    cmd.continue_job();
+                } else {
+                    cmd.signal(Signal::SIGKILL);
+                    let cause = loss_cause(deadline, stopping.map(|(since, _)| since));
+                    eprintln!("polylock: lock {name:?} was lost: {cause}; killed the command");
+                    lost = Some(cause);
+                }
+            }
+            _ = job.child.recv() => {
+                if let Some(sig) = cmd.stopped() {
+                    tracing::debug!(signal = %sig, "polylock: the command was stopped");
+                    cmd.stop_job(sig);
+                }
             }
             _ = sleep_until(term_at), if stopping.is_none() && lost.is_none() => {
                 // Woken at the stop time of the lease we read; a renewal
