@@ -434,7 +434,15 @@ fn ctrl_c_on_a_terminal_reaches_the_command_once_and_it_reads_the_terminal() {
 struct Shell {
     tty: std::process::ChildStdin,
     screen: std::sync::Arc<std::sync::Mutex<String>>,
-    _script: KillOnDrop,
+    script: std::process::Child,
+}
+
+impl Drop for Shell {
+    fn drop(&mut self) {
+        // A failing test must not leave the session running.
+        let _ = self.script.kill();
+        let _ = self.script.wait();
+    }
 }
 
 impl Shell {
@@ -452,7 +460,6 @@ impl Shell {
             .stdout(Stdio::piped())
             .spawn()
             .expect("util-linux `script` and bash are needed for this test");
-        let pid = KillOnDrop(Pid::from_raw(script.id() as i32));
         let screen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let mut out = script.stdout.take().unwrap();
         let seen = screen.clone();
@@ -470,7 +477,7 @@ impl Shell {
         Shell {
             tty: script.stdin.take().unwrap(),
             screen,
-            _script: pid,
+            script,
         }
     }
 
