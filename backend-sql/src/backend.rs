@@ -559,7 +559,8 @@ impl SqlBackend {
         Fut: Future<Output = Result<T, sqlx::Error>>,
     {
         let limit = self.inner.config.op_timeout;
-        let until = Instant::now() + limit;
+        // One op_timeout, or what is left of the call's (see `call`).
+        let until = lock_core::call::request_deadline(limit);
         let dialect = self.inner.config.dialect;
         let _admitted = tokio::time::timeout_at(until, self.admit(lane, write))
             .await
@@ -774,8 +775,10 @@ impl SqlBackend {
     /// row taken by nobody.
     async fn retry_detached(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         let (this, req) = (self.clone(), req.clone());
+        // The task runs under the caller's call deadline, if any.
+        let until = lock_core::call::current();
         wait::detached(
-            async move { this.try_acquire(&req).await },
+            lock_core::call::until(until, async move { this.try_acquire(&req).await }),
             wait::release_if_won(self.clone()),
         )
         .await
@@ -959,37 +962,27 @@ impl Drop for Pending<'_> {
     }
 }
 
-#[async_trait]
-impl LockBackend for SqlBackend {
-    /// One conditional upsert; see the crate docs for the statement.
-    ///
-    /// An attempt that failed after its statement may have reached the
-    /// database (an operation timeout, a broken connection) may have taken
-    /// the row with nobody told. The next attempt of this client for the
-    /// same name and owner (the retry of a waiting acquire, or the caller's
-    /// own) therefore also takes a live row held under its own owner and
-    /// granted by this client, so it does not wait a TTL for its own
-    /// orphan. The version goes up as for any grant, so the orphan's
-    /// holding is superseded. A row the same owner holds through another
-    /// client is never taken back: each grant records its client.
-    ///
-    /// The same owner may also be a second acquisition (an explicit
-    /// [`Owner`](lock_core::Owner) taking the name again while the retry
-    /// of its cancelled wait still runs in its own task): that one must
-    /// never take back the other's live row. So this client sends one
-    /// acquire per name and owner at a time, and decides whether to take
-    /// back only in its turn: an answered grant in between settles the
-    /// unsure attempt, and the next statement is the plain acquire.
-    ///
-    /// # Cancel safety
-    /// Not cancel safe: if dropped after the statement was sent, the row may
-    /// have been taken with nobody holding the lease; it expires at its TTL
-    /// (or is taken back by the next attempt, as above).
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+/// The bodies of the calls that answer within one `op_timeout`: each runs
+/// under one call deadline ([`SqlBackend::call`]), so the statements it
+/// makes in a row share that time.
+impl SqlBackend {
+    /// Runs `f` as one call: every statement in it ends by one `op_timeout`
+    /// from now (see [`lock_core::call`]).
+    async fn call<F: Future>(&self, f: F) -> F::Output {
+        lock_core::call::within(self.inner.config.op_timeout, f).await
+    }
+
+    async fn try_acquire_once(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         let attempt = (req.name.clone(), req.owner);
         // Held until the answer is in, and any unsure mark is recorded
         // (`pending` is dropped first).
-        let _turn = self.inner.turns.take(&req.name, req.owner).await;
+        let limit = self.inner.config.op_timeout;
+        let _turn = tokio::time::timeout_at(
+            lock_core::call::request_deadline(limit),
+            self.inner.turns.take(&req.name, req.owner),
+        )
+        .await
+        .map_err(|_| self.inner.errors.timed_out("acquire", limit))?;
         // Measured before the statement leaves, so the local deadline is
         // never later than the database's expiry.
         let sent_at = Instant::now();
@@ -1083,76 +1076,7 @@ impl LockBackend for SqlBackend {
         }
     }
 
-    /// PostgreSQL: woken by LISTEN/NOTIFY, with backoff as the fallback.
-    /// After its first refused attempt a waiter records on the row that it
-    /// wants the release notified (one more statement per wait, none per
-    /// retry), since releases nobody waits for send no NOTIFY; if the row
-    /// is free by then, it tries again at once.
-    /// MySQL and SQLite: jittered exponential backoff up to `max_poll`.
-    ///
-    /// # Cancel safety
-    /// Dropping the future while it waits leaves no lock behind (the
-    /// waiter's state is a broadcast receiver, and on PostgreSQL the row's
-    /// `wake_until`, which only makes releases notify until the wait's
-    /// deadline). The attempts after the
-    /// first run in a task of their own ([`wait::detached`]), so a wait
-    /// cancelled while its statement is on the way (queued on SQLite's
-    /// worker thread, or sent to the server) lets the statement finish and
-    /// releases the row if it won it. Dropping it during the first attempt
-    /// is like dropping [`try_acquire`](LockBackend::try_acquire).
-    async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
-        // Fixed once: the wait counts from the call, also while LISTEN
-        // comes up, and `wake_until` is this deadline, not a fresh one.
-        let deadline = req.wait_deadline();
-        let backoff = req.backoff_or(backoff(self.inner.config.max_poll));
-        let mut tries = 0u32;
-        // PostgreSQL: whether the row records that this waiter wants its
-        // release notified (a release notifies only then).
-        let asked = AtomicBool::new(self.inner.sql.want_wake.is_none() || req.wait.is_zero());
-        let asked = &asked;
-        let attempt = || {
-            tries += 1;
-            let first = tries == 1;
-            async move {
-                let won = if first {
-                    self.try_acquire(req).await?
-                } else {
-                    self.retry_detached(req).await?
-                };
-                if won.is_some() || asked.load(Ordering::Relaxed) {
-                    return Ok(won);
-                }
-                if self.want_wake(req, deadline).await? {
-                    asked.store(true, Ordering::Relaxed);
-                    return Ok(None);
-                }
-                if Instant::now() >= deadline {
-                    return Ok(None);
-                }
-                // Free by now: its release came before our request, and
-                // there is no later one to be told of.
-                self.retry_detached(req).await
-            }
-        };
-        let acquired = match &self.inner.hub {
-            None => wait::acquire_loop(attempt, deadline, backoff, std::future::pending).await,
-            Some(hub) => {
-                // Listening before the first attempt means no release is
-                // missed; if LISTEN is slow to come up, the backoff timer
-                // covers the gap, so do not wait long for it.
-                hub.ensure_listening(req.wait.min(LISTEN_READY_WAIT)).await;
-                let name: Arc<str> = Arc::from(req.name.as_str());
-                wait::acquire_loop(attempt, deadline, backoff, || hub.arm(&name)).await
-            }
-        };
-        self.inner.space.stamp(acquired)
-    }
-
-    /// Extends a live row whose owner and version match.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: the row was extended or not; the old deadline holds.
-    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+    async fn renew_once(&self, lease: &Lease) -> Result<Lease, LockError> {
         self.inner.space.check(lease)?;
         let sent_at = Instant::now();
         let (granted, units) = self.inner.guarantees.granted_ttl(
@@ -1192,17 +1116,7 @@ impl LockBackend for SqlBackend {
         }
     }
 
-    /// Renews up to 256 leases per statement (chunks of a
-    /// larger batch run at once, each on its own connection), with the
-    /// checks of [`renew`](LockBackend::renew) for every row and each
-    /// lease's own TTL; see `RenewBatch` in `dialect.rs` for each
-    /// database's statement. A name given twice in one batch is renewed by
-    /// `renew` for the second and later leases, since one row can answer
-    /// only one of them in a join.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: each row was extended or not; the old deadlines hold.
-    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+    async fn renew_many_once(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
         if self.inner.space.any_foreign(leases) {
             return lock_core::renew_each(self, leases).await;
         }
@@ -1236,18 +1150,7 @@ impl LockBackend for SqlBackend {
             .collect()
     }
 
-    /// Frees the row if owner and version match (PostgreSQL: and notifies
-    /// waiters in the same statement). Otherwise `Err(Lost)` if the lock was
-    /// granted to anyone after this holding (the row's version is higher,
-    /// whether or not they still hold it) or the row is held under another
-    /// owner, and `Ok` if the row is free at this version (released before,
-    /// or force-released and not taken since). After the statement was sent
-    /// again (a broken connection), a higher version is `Ok`: the first
-    /// send may have freed the row.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: the row was freed or not; it expires at its TTL.
-    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+    async fn release_once(&self, lease: &Lease) -> Result<(), LockError> {
         self.inner.space.check(lease)?;
         let owner = lease.owner().to_string();
         let version = lease.fence().get();
@@ -1310,6 +1213,141 @@ impl LockBackend for SqlBackend {
             Some((v, _)) if v > version && sends.load(Ordering::Relaxed) > 1 => Ok(()),
             Some(_) => Err(Self::lost(lease)),
         }
+    }
+}
+
+#[async_trait]
+impl LockBackend for SqlBackend {
+    /// One conditional upsert; see the crate docs for the statement.
+    ///
+    /// An attempt that failed after its statement may have reached the
+    /// database (an operation timeout, a broken connection) may have taken
+    /// the row with nobody told. The next attempt of this client for the
+    /// same name and owner (the retry of a waiting acquire, or the caller's
+    /// own) therefore also takes a live row held under its own owner and
+    /// granted by this client, so it does not wait a TTL for its own
+    /// orphan. The version goes up as for any grant, so the orphan's
+    /// holding is superseded. A row the same owner holds through another
+    /// client is never taken back: each grant records its client.
+    ///
+    /// The same owner may also be a second acquisition (an explicit
+    /// [`Owner`](lock_core::Owner) taking the name again while the retry
+    /// of its cancelled wait still runs in its own task): that one must
+    /// never take back the other's live row. So this client sends one
+    /// acquire per name and owner at a time, and decides whether to take
+    /// back only in its turn: an answered grant in between settles the
+    /// unsure attempt, and the next statement is the plain acquire.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: if dropped after the statement was sent, the row may
+    /// have been taken with nobody holding the lease; it expires at its TTL
+    /// (or is taken back by the next attempt, as above).
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        self.call(self.try_acquire_once(req)).await
+    }
+
+    /// PostgreSQL: woken by LISTEN/NOTIFY, with backoff as the fallback.
+    /// After its first refused attempt a waiter records on the row that it
+    /// wants the release notified (one more statement per wait, none per
+    /// retry), since releases nobody waits for send no NOTIFY; if the row
+    /// is free by then, it tries again at once.
+    /// MySQL and SQLite: jittered exponential backoff up to `max_poll`.
+    ///
+    /// # Cancel safety
+    /// Dropping the future while it waits leaves no lock behind (the
+    /// waiter's state is a broadcast receiver, and on PostgreSQL the row's
+    /// `wake_until`, which only makes releases notify until the wait's
+    /// deadline). The attempts after the
+    /// first run in a task of their own ([`wait::detached`]), so a wait
+    /// cancelled while its statement is on the way (queued on SQLite's
+    /// worker thread, or sent to the server) lets the statement finish and
+    /// releases the row if it won it. Dropping it during the first attempt
+    /// is like dropping [`try_acquire`](LockBackend::try_acquire).
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        // Fixed once: the wait counts from the call, also while LISTEN
+        // comes up, and `wake_until` is this deadline, not a fresh one.
+        let deadline = req.wait_deadline();
+        let backoff = req.backoff_or(backoff(self.inner.config.max_poll));
+        let mut tries = 0u32;
+        // PostgreSQL: whether the row records that this waiter wants its
+        // release notified (a release notifies only then).
+        let asked = AtomicBool::new(self.inner.sql.want_wake.is_none() || req.wait.is_zero());
+        let asked = &asked;
+        // Each attempt, with the statements it chains (a retry, the
+        // request to be notified), answers within one op_timeout.
+        let attempt = || {
+            tries += 1;
+            let first = tries == 1;
+            self.call(async move {
+                let won = if first {
+                    self.try_acquire(req).await?
+                } else {
+                    self.retry_detached(req).await?
+                };
+                if won.is_some() || asked.load(Ordering::Relaxed) {
+                    return Ok(won);
+                }
+                if self.want_wake(req, deadline).await? {
+                    asked.store(true, Ordering::Relaxed);
+                    return Ok(None);
+                }
+                if Instant::now() >= deadline {
+                    return Ok(None);
+                }
+                // Free by now: its release came before our request, and
+                // there is no later one to be told of.
+                self.retry_detached(req).await
+            })
+        };
+        let acquired = match &self.inner.hub {
+            None => wait::acquire_loop(attempt, deadline, backoff, std::future::pending).await,
+            Some(hub) => {
+                // Listening before the first attempt means no release is
+                // missed; if LISTEN is slow to come up, the backoff timer
+                // covers the gap, so do not wait long for it.
+                hub.ensure_listening(req.wait.min(LISTEN_READY_WAIT)).await;
+                let name: Arc<str> = Arc::from(req.name.as_str());
+                wait::acquire_loop(attempt, deadline, backoff, || hub.arm(&name)).await
+            }
+        };
+        self.inner.space.stamp(acquired)
+    }
+
+    /// Extends a live row whose owner and version match.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the row was extended or not; the old deadline holds.
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.call(self.renew_once(lease)).await
+    }
+
+    /// Renews up to 256 leases per statement (chunks of a
+    /// larger batch run at once, each on its own connection), with the
+    /// checks of [`renew`](LockBackend::renew) for every row and each
+    /// lease's own TTL; see `RenewBatch` in `dialect.rs` for each
+    /// database's statement. A name given twice in one batch is renewed by
+    /// `renew` for the second and later leases, since one row can answer
+    /// only one of them in a join.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: each row was extended or not; the old deadlines hold.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        self.call(self.renew_many_once(leases)).await
+    }
+
+    /// Frees the row if owner and version match (PostgreSQL: and notifies
+    /// waiters in the same statement). Otherwise `Err(Lost)` if the lock was
+    /// granted to anyone after this holding (the row's version is higher,
+    /// whether or not they still hold it) or the row is held under another
+    /// owner, and `Ok` if the row is free at this version (released before,
+    /// or force-released and not taken since). After the statement was sent
+    /// again (a broken connection), a higher version is `Ok`: the first
+    /// send may have freed the row.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the row was freed or not; it expires at its TTL.
+    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        self.call(self.release_once(lease)).await
     }
 
     /// Reads the row; the time left is computed by the database.

@@ -203,7 +203,9 @@ pub const MAX_LIST: usize = 10_000;
 /// answering: `try_acquire`, `renew` and `release` within the client's
 /// `op_timeout` (a retryable error otherwise), `acquire` within `req.wait`
 /// plus one `op_timeout` (an attempt in flight when the wait ends may
-/// finish; none starts after it). The conformance case
+/// finish; none starts after it). A call that makes several requests in a
+/// row shares one deadline among them ([`call`](crate::call)), so a slow
+/// service cannot stretch it to several `op_timeout`s. The conformance case
 /// `calls_answer_in_time_when_the_service_is_cut_off` holds every backend
 /// to it with its network cut.
 #[async_trait]

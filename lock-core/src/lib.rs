@@ -28,6 +28,7 @@
 //! ```
 
 mod backend;
+pub mod call;
 pub mod duration;
 mod error;
 mod guarantees;

@@ -283,6 +283,61 @@ async fn a_retry_takes_back_no_other_clients_row_of_the_same_owner() {
     }
 }
 
+/// A call that chains statements answers within one `op_timeout` in all:
+/// on a link so slow that each statement takes most of it, the release of
+/// a lease someone else took since (the release, then the read that tells
+/// why nothing was freed) ends at the operation timeout with a retryable
+/// error, not after two statements' time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_reads_after_its_statement_answers_within_one_op_timeout() {
+    let pg = common::pg();
+    let proxy = Proxy::start(([127, 0, 0, 1], pg.port()).into()).expect("proxy");
+    let table = unique("locks");
+    let url = pg.url();
+    let via = through(&url, pg.port(), proxy.port());
+    let op_timeout = Duration::from_secs(3);
+    let client = SqlBackend::connect(&format!("{via}?table={table}&pool_size=1&op_timeout=3s"))
+        .await
+        .unwrap();
+    let direct = SqlBackend::connect(&format!("{url}?table={table}"))
+        .await
+        .unwrap();
+    let name = unique("slow_release");
+    let lease = try_once(&client, &name, Duration::from_secs(30))
+        .await
+        .expect("free");
+    // Opens the connections releases use, and prepares the read a release
+    // makes after freeing nothing, while the network is fast.
+    let lease = client.renew(&lease).await.unwrap();
+    let other = try_once(&client, &unique("warm"), Duration::from_secs(30))
+        .await
+        .expect("free");
+    client.release(&other).await.unwrap();
+    client.release(&other).await.unwrap();
+    // Someone else holds the name now: the release frees nothing.
+    assert!(direct.force_release(lease.name()).await.unwrap());
+    let next = try_once(&direct, &name, Duration::from_secs(30))
+        .await
+        .expect("taken over");
+    // Each statement's round trip: 2.2 s of the 3 s.
+    proxy.set_mode(Mode::Delay(Duration::from_millis(1100)));
+    let started = Instant::now();
+    let r = client.release(&lease).await;
+    let took = started.elapsed();
+    proxy.set_mode(Mode::Pass);
+    assert!(
+        took <= op_timeout + Duration::from_millis(700),
+        "the release answered after {took:?} with a {op_timeout:?} op_timeout: {r:?}"
+    );
+    assert!(
+        r.as_ref().is_err_and(LockError::is_retryable),
+        "the read cannot have answered in time: {r:?}"
+    );
+    let holder = direct.inspect(lease.name()).await.unwrap().expect("held");
+    assert_eq!(holder.fence, Some(next.fence()), "the holder was touched");
+    direct.release(&next).await.unwrap();
+}
+
 /// A release whose statement freed the row but whose answer was lost to a
 /// broken connection is sent again; a waiter took the row in between. The
 /// resend finds a higher version, which is no evidence of a loss: the
