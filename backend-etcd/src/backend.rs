@@ -418,7 +418,15 @@ impl EtcdBackend {
         if let Some(found) = self.live_session(secs) {
             return Ok(found);
         }
-        let _granting = self.inner.granting.lock().await;
+        // Another caller may be starting a session: wait for it no longer
+        // than a request may take.
+        let op_timeout = self.inner.config.op_timeout();
+        let _granting = timeout_at(
+            lock_core::call::request_deadline(op_timeout),
+            self.inner.granting.lock(),
+        )
+        .await
+        .map_err(|_| crate::errors::timed_out("starting a session", op_timeout))?;
         if let Some(found) = self.live_session(secs) {
             return Ok(found);
         }
@@ -742,7 +750,13 @@ impl LockBackend for EtcdBackend {
         let Some(slot) = self.inner.slots.try_take(&req.name) else {
             return Ok(None);
         };
-        self.inner.space.stamp(self.attempt(req, slot, None).await)
+        // The session, the claim, the look at the queue and the claim's
+        // removal when not first: one op_timeout for them all.
+        let attempt = lock_core::call::within(
+            self.inner.config.op_timeout(),
+            self.attempt(req, slot, None),
+        );
+        self.inner.space.stamp(attempt.await)
     }
 
     /// Queues a claim and watches the deletion of the claim just before it
@@ -944,16 +958,24 @@ impl LockBackend for EtcdBackend {
     /// second release.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
         self.inner.space.check(lease)?;
-        let until = lease.deadline().min(Instant::now() + RELEASE_RETRY);
-        loop {
-            match self.release_once(lease).await {
-                Err(e) if e.is_retryable() && Instant::now() + RETRY_PAUSE < until => {
-                    tracing::debug!(error = %e, name = %lease.name(), "polylock etcd: release failed; trying again");
-                    sleep(RETRY_PAUSE).await;
+        let op_timeout = self.inner.config.op_timeout();
+        // Every request and retry of the release within one op_timeout.
+        lock_core::call::within(op_timeout, async {
+            let until = lease
+                .deadline()
+                .min(Instant::now() + RELEASE_RETRY)
+                .min(lock_core::call::request_deadline(op_timeout));
+            loop {
+                match self.release_once(lease).await {
+                    Err(e) if e.is_retryable() && Instant::now() + RETRY_PAUSE < until => {
+                        tracing::debug!(error = %e, name = %lease.name(), "polylock etcd: release failed; trying again");
+                        sleep(RETRY_PAUSE).await;
+                    }
+                    other => return other,
                 }
-                other => return other,
             }
-        }
+        })
+        .await
     }
 
     /// The lowest claim: `owner` is its key (ending with the holder's lease

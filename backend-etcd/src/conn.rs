@@ -68,7 +68,8 @@ impl Conn {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let deadline = Instant::now() + self.op_timeout;
+        // One op_timeout, or what is left of the call's.
+        let deadline = lock_core::call::request_deadline(self.op_timeout);
         let mut pause = Duration::from_millis(10);
         loop {
             match timeout_at(deadline, op()).await {
