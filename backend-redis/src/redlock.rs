@@ -35,10 +35,14 @@
 //!   lease's local deadline is the end of that validity, counted from the
 //!   send (`Lease::deadline` = send time + `ttl x (1 - drift_factor) -
 //!   drift`; where the request's own `ClockPolicy` is stricter, it wins).
-//!   Otherwise the attempt is undone on EVERY node, the silent ones
-//!   included (their grant may have happened with the reply lost; on them
-//!   the undo runs in the background, so a hanging node costs the caller
-//!   one per-node timeout, not two), and
+//!   Otherwise the attempt is undone on every node that may hold it: those
+//!   that granted it, and the silent ones (their grant may have happened
+//!   with the reply lost); not on those that refused, which hold someone
+//!   else's value. The undo adds no timeout to the attempt: the caller
+//!   waits for it only as long as the step before had left of its
+//!   `timeout` (it goes on in the background past that, and on silent
+//!   nodes always does). So an attempt answers within one `timeout`, two
+//!   when the token had to be written back (below), and
 //!   the attempt reports "not acquired": `Ok(None)` when other holders
 //!   alone made a majority impossible, else a retryable error that says how
 //!   many nodes granted, which failed and why, and what validity was left.
@@ -559,19 +563,36 @@ impl RedlockBackend {
         join_all(self.inner.nodes.iter().map(|n| n.invoke(inv, limit))).await
     }
 
-    /// Removes what the attempt that stored `value` may have taken, on every
-    /// node. Waits for the nodes that answered the attempt; on the `silent`
-    /// ones (no reply, an error) the undo runs in a background task, since
-    /// a hanging node would hold the caller for another timeout. Leaving it
-    /// running is safe: it deletes only this attempt's own value.
-    async fn undo(&self, keys: &Keys, value: &str, silent: &[usize]) {
-        let (now, later): (Vec<usize>, Vec<usize>) =
-            (0..self.inner.nodes.len()).partition(|i| !silent.contains(i));
-        self.undo_on(keys.clone(), value.to_string(), now).await;
-        if !later.is_empty() {
+    /// Removes what the attempt that stored `value` took: on the nodes that
+    /// `granted` it, and on the `silent` ones (no reply, an error), whose
+    /// grant may have happened with the reply lost. A node that refused
+    /// holds someone else's value, so it is not asked (that was a round
+    /// trip per refused attempt).
+    ///
+    /// Each runs in a task of its own, which may outlive the call: that is
+    /// safe, as it deletes only this attempt's own value. The caller waits
+    /// for the granting nodes, so that its next attempt does not meet its
+    /// own leftover, but no later than `until` (the end of the step before:
+    /// the undo adds no timeout of its own); a hanging silent node never
+    /// holds it up.
+    async fn undo(
+        &self,
+        keys: &Keys,
+        value: &str,
+        granted: &[usize],
+        silent: &[usize],
+        until: Instant,
+    ) {
+        let spawn = |nodes: Vec<usize>| {
             let this = self.clone();
             let (keys, value) = (keys.clone(), value.to_string());
-            tokio::spawn(async move { this.undo_on(keys, value, later).await });
+            tokio::spawn(async move { this.undo_on(keys, value, nodes).await })
+        };
+        if !silent.is_empty() {
+            spawn(silent.to_vec());
+        }
+        if !granted.is_empty() {
+            let _ = tokio::time::timeout_at(until, spawn(granted.to_vec())).await;
         }
     }
 
@@ -624,6 +645,8 @@ impl RedlockBackend {
         // Measured before sending: the validity can only come out short.
         let sent_at = Instant::now();
         let replies = self.on_all::<(i64, i64)>(&inv).await;
+        // The undo waits no longer than the step it follows had left.
+        let mut step_end = sent_at + self.inner.config.timeout;
         let mut tally = Tally::new(&self.inner.nodes);
         let mut granted = Vec::new();
         let mut silent = Vec::new();
@@ -638,6 +661,7 @@ impl RedlockBackend {
             }
         }
         tally.ok = granted.len();
+        let granted_at: Vec<usize> = granted.iter().map(|&(i, _)| i).collect();
         let validity_left = |now: Instant| {
             let deadline = policy.deadline(sent_at, ttl);
             match deadline.checked_duration_since(now) {
@@ -664,7 +688,8 @@ impl RedlockBackend {
                     validity_left(Instant::now())
                 ),
             );
-            self.undo(&keys, &owner, &silent).await;
+            self.undo(&keys, &owner, &granted_at, &silent, step_end)
+                .await;
             return Err(tally.error(text));
         }
         if tally.ok >= self.quorum() {
@@ -690,6 +715,7 @@ impl RedlockBackend {
                     .arg(&owner)
                     .arg(fence);
                 let limit = self.inner.config.timeout;
+                step_end = Instant::now() + limit;
                 let raised = join_all(
                     behind
                         .iter()
@@ -737,11 +763,13 @@ impl RedlockBackend {
                         ),
                     )
                 };
-                self.undo(&keys, &owner, &silent).await;
+                self.undo(&keys, &owner, &granted_at, &silent, step_end)
+                    .await;
                 written.permanent |= tally.permanent;
                 return Err(written.error(text));
             }
-            self.undo(&keys, &owner, &silent).await;
+            self.undo(&keys, &owner, &granted_at, &silent, step_end)
+                .await;
             return Err(LockError::permanent(
                 REDLOCK,
                 RedisFailure(format!(
@@ -752,7 +780,8 @@ impl RedlockBackend {
         }
 
         let now = Instant::now();
-        self.undo(&keys, &owner, &silent).await;
+        self.undo(&keys, &owner, &granted_at, &silent, step_end)
+            .await;
         let n = self.inner.nodes.len();
         if tally.refused > n - self.quorum() {
             // Other holders alone rule a majority out: plainly held.

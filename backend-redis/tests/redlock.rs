@@ -722,6 +722,100 @@ async fn set_counters(servers: &[RedisServer], keys: &backend_redis::LockKeys, a
     }
 }
 
+/// A refused attempt costs one script per node: the nodes that refused
+/// hold someone else's value, so the attempt's undo does not ask them (it
+/// used to, a second round trip per refused attempt of every waiter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_attempt_runs_one_script_per_node() {
+    let servers = five();
+    let (holder, other) = (client(&servers).await, client(&servers).await);
+    let n = name("refused-once");
+    let held = holder
+        .try_acquire(&req(&n, Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("free");
+    // The other client's scripts are loaded and its links open.
+    assert!(other
+        .try_acquire(&req(&n, Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .is_none());
+    let before = scripts_run(&servers).await;
+    let r = other.try_acquire(&req(&n, Duration::from_secs(30))).await;
+    assert!(matches!(r, Ok(None)), "{r:?}");
+    let after = scripts_run(&servers).await;
+    let ran: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert_eq!(
+        ran,
+        vec![1; servers.len()],
+        "scripts per node for one refused attempt"
+    );
+    holder.release(&held).await.unwrap();
+}
+
+/// An attempt that chains requests (the scripts, then the undo where a
+/// minority granted) answers within one node timeout in all, on links so
+/// slow that each round trip takes most of it; the undo finishes in the
+/// background, so the minority's keys do not outlive the attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_and_its_undo_answer_within_one_node_timeout() {
+    let servers = five();
+    let proxies: Vec<Proxy> = servers
+        .iter()
+        .map(|s| Proxy::start(s.addr()).unwrap())
+        .collect();
+    let hosts: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+    let node_timeout = Duration::from_secs(2);
+    let slow = RedlockBackend::connect(&format!("redlock://{}?timeout=2s", hosts.join(",")))
+        .await
+        .expect("connect");
+    // Links open and scripts loaded while the network is fast.
+    let warm = slow
+        .try_acquire(&req(&name("warm"), Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .expect("free");
+    slow.release(&warm).await.unwrap();
+    // Someone else's value on three nodes: a grant on two, then the undo.
+    let n = name("chained");
+    for s in &servers[..3] {
+        on_node(
+            s,
+            redis::cmd("SET")
+                .arg(n.as_str())
+                .arg("someone-else")
+                .arg("PX")
+                .arg(60_000),
+        )
+        .await;
+    }
+    // Each round trip: 1.3 s of the 2 s.
+    for p in &proxies {
+        p.set_mode(Mode::Delay(Duration::from_millis(650)));
+    }
+    let started = Instant::now();
+    let r = slow.try_acquire(&req(&n, Duration::from_secs(30))).await;
+    let took = started.elapsed();
+    for p in &proxies {
+        p.set_mode(Mode::Pass);
+    }
+    assert!(matches!(r, Ok(None)), "{r:?}");
+    assert!(
+        took <= node_timeout + Duration::from_millis(500),
+        "the attempt answered after {took:?} with a {node_timeout:?} node timeout"
+    );
+    let minority: Vec<&RedisServer> = servers[3..].iter().collect();
+    let started = Instant::now();
+    while holding(&minority, n.as_str()).await > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the minority's grant was never undone"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The write-back costs a second round trip only where it is needed: when
 /// a majority of the granting nodes returned the token itself (counters in
 /// step, the usual case), an acquire runs one script per node; when fewer
