@@ -84,10 +84,10 @@ struct Inner {
     /// Acquisitions whose statement may have run without us seeing the
     /// answer (a timeout, a broken connection), until the TTL they asked
     /// for has passed; see [`SqlBackend::try_acquire`].
-    unsure: Mutex<HashMap<(LockName, OwnerToken), Instant>>,
-    /// This client's id, written beside each grant it makes
-    /// (`grant_client`): a retry takes back only its own client's grants.
-    client_id: String,
+    /// With each, the id its grant carries (`grant_id`), which its retries
+    /// reuse: a retry takes back that grant only, never one the same owner
+    /// holds through another acquisition (of this client or another).
+    unsure: Mutex<HashMap<(LockName, OwnerToken), (Instant, String)>>,
     /// One turn per name and owner at a time for acquire statements; see
     /// [`SqlBackend::try_acquire`]. An entry lives while a turn is taken
     /// or awaited.
@@ -382,11 +382,6 @@ impl SqlBackend {
                 hub,
                 fences_ready: OnceCell::new(),
                 unsure: Mutex::new(HashMap::new()),
-                client_id: format!(
-                    "{:0width$x}",
-                    rand::random::<u64>(),
-                    width = crate::dialect::GRANT_CLIENT_LEN
-                ),
                 turns: Turns::default(),
                 config,
             }),
@@ -839,26 +834,35 @@ impl SqlBackend {
         .await
     }
 
-    fn unsure(&self) -> std::sync::MutexGuard<'_, HashMap<(LockName, OwnerToken), Instant>> {
+    #[allow(clippy::type_complexity)]
+    fn unsure(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(LockName, OwnerToken), (Instant, String)>> {
         // Critical sections are single map operations.
         self.inner.unsure.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether an earlier attempt for this name and owner may have taken
-    /// the row without an answer, and its row may still be live.
-    fn was_unsure(&self, attempt: &(LockName, OwnerToken)) -> bool {
+    /// The grant id of an earlier attempt for this name and owner that may
+    /// have taken the row without an answer, while its row may be live.
+    fn unsure_grant(&self, attempt: &(LockName, OwnerToken)) -> Option<String> {
         self.unsure()
             .get(attempt)
-            .is_some_and(|until| Instant::now() < *until)
+            .filter(|(until, _)| Instant::now() < *until)
+            .map(|(_, id)| id.clone())
     }
 
-    /// Records an attempt whose row, if it ran, lives until `until`.
-    fn mark_unsure(&self, attempt: &(LockName, OwnerToken), until: Instant) {
+    /// Records an attempt whose row, if it ran, carries `grant_id` and
+    /// lives until `until`.
+    fn mark_unsure(&self, attempt: &(LockName, OwnerToken), until: Instant, grant_id: &str) {
         let mut unsure = self.unsure();
         let now = Instant::now();
         // Past their TTL, orphans expire by themselves.
-        unsure.retain(|_, t| *t > now);
-        let t = unsure.entry(attempt.clone()).or_insert(until);
+        unsure.retain(|_, (t, _)| *t > now);
+        // An attempt reuses the id of the unanswered one before it (see
+        // `try_acquire`), so an entry here already has this id.
+        let (t, _) = unsure
+            .entry(attempt.clone())
+            .or_insert_with(|| (until, grant_id.to_string()));
         *t = (*t).max(until);
     }
 
@@ -947,17 +951,28 @@ impl Row {
 }
 
 /// An acquire attempt in flight; see [`SqlBackend::try_acquire`].
+/// A fresh grant id: 16 random hex digits.
+fn new_grant_id() -> String {
+    format!(
+        "{:0width$x}",
+        rand::random::<u64>(),
+        width = crate::dialect::GRANT_ID_LEN
+    )
+}
+
 struct Pending<'a> {
     backend: &'a SqlBackend,
     attempt: (LockName, OwnerToken),
     until: Instant,
+    grant_id: String,
     answered: bool,
 }
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if !self.answered {
-            self.backend.mark_unsure(&self.attempt, self.until);
+            self.backend
+                .mark_unsure(&self.attempt, self.until, &self.grant_id);
         }
     }
 }
@@ -991,22 +1006,28 @@ impl SqlBackend {
             .guarantees
             .granted_ttl(req.ttl, self.inner.config.dialect.timestamp_precision());
         let units = i64::try_from(units).unwrap_or(i64::MAX);
-        let mut unsure = self.was_unsure(&attempt);
+        // The id this attempt's grant carries: a fresh one, or after an
+        // unanswered attempt that one's, so that its grant (and only it)
+        // is taken back.
+        let earlier = self.unsure_grant(&attempt);
+        let mut unsure = earlier.is_some();
+        let grant_id = earlier.unwrap_or_else(new_grant_id);
         // Marks the attempt unsure unless it gets an answer: on an error,
         // and when this future is dropped mid-statement.
         let mut pending = Pending {
             backend: self,
             attempt,
             until: sent_at + granted,
+            grant_id: grant_id.clone(),
             answered: false,
         };
         let owner = req.owner.to_string();
         let meta = req.meta.as_ref().map(HolderMeta::encode);
         let (name, owner, sql) = (req.name.as_str(), owner.as_str(), &self.inner.sql);
         let meta = meta.as_deref();
-        let client = self.inner.client_id.as_str();
+        let grant_id = grant_id.as_str();
         // Each send after the first (a broken connection) may follow one
-        // that ran: it takes back our own row too.
+        // that ran: it takes back that one's row too (the same grant id).
         let mut statement = || {
             let s = if unsure { &sql.reclaim } else { &sql.acquire };
             unsure = true;
@@ -1022,7 +1043,7 @@ impl SqlBackend {
                             .bind(owner)
                             .bind(units)
                             .bind(meta)
-                            .bind(client)
+                            .bind(grant_id)
                             .fetch_optional(p)
                             .await
                     }
@@ -1038,7 +1059,7 @@ impl SqlBackend {
                             .bind(owner.as_bytes())
                             .bind(units)
                             .bind(meta.map(str::as_bytes))
-                            .bind(client.as_bytes())
+                            .bind(grant_id.as_bytes())
                             .execute(p)
                             .await
                     }
@@ -1227,8 +1248,11 @@ impl LockBackend for SqlBackend {
     /// own) therefore also takes a live row held under its own owner and
     /// granted by this client, so it does not wait a TTL for its own
     /// orphan. The version goes up as for any grant, so the orphan's
-    /// holding is superseded. A row the same owner holds through another
-    /// client is never taken back: each grant records its client.
+    /// holding is superseded. Only that attempt's row is taken back: each
+    /// grant carries the id of the attempt that wrote it (`grant_id`), and
+    /// a retry reuses the unanswered attempt's id, so a row the same owner
+    /// holds through another acquisition (of this client or another) is
+    /// refused as anyone's.
     ///
     /// The same owner may also be a second acquisition (an explicit
     /// [`Owner`](lock_core::Owner) taking the name again while the retry

@@ -129,36 +129,31 @@ impl Dialect {
     ///   the future: every committing NOTIFY takes one database-wide lock,
     ///   so notifying releases nobody waits for would serialise the
     ///   commits of unrelated locks.
-    /// - `grant_client`: the id of the client (one [`SqlBackend`] and its
-    ///   clones) whose acquire wrote the grant. A retry after an unanswered
-    ///   attempt takes back a live row of its own owner only when this
-    ///   client made it: one owner used through two clients must never
-    ///   take the other's holding.
-    ///
-    /// [`SqlBackend`]: crate::SqlBackend
+    /// - `grant_id`: the id of the acquire attempt that wrote the grant,
+    ///   random per attempt and reused by the retries after it went
+    ///   unanswered. Such a retry takes back a live row of its own owner
+    ///   only when it carries that id: one owner used for two acquisitions
+    ///   (through one client or two) must never take the other's holding.
     pub(crate) fn added_columns(self) -> Vec<(&'static str, String)> {
         let max = HolderMeta::MAX_ENCODED;
         match self {
             Dialect::Sqlite => vec![
                 ("holder_meta", "TEXT NULL".into()),
                 ("meta_version", "INTEGER NULL".into()),
-                ("grant_client", "TEXT NULL".into()),
+                ("grant_id", "TEXT NULL".into()),
             ],
             Dialect::Postgres => vec![
                 ("holder_meta", format!("VARCHAR({max}) NULL")),
                 ("meta_version", "BIGINT NULL".into()),
                 ("wake_until", "TIMESTAMPTZ NULL".into()),
-                ("grant_client", format!("VARCHAR({GRANT_CLIENT_LEN}) NULL")),
+                ("grant_id", format!("VARCHAR({GRANT_ID_LEN}) NULL")),
             ],
             // Printable ASCII only, so bytes are as good as text, and the
             // table keeps one comparison rule.
             Dialect::MySql => vec![
                 ("holder_meta", format!("VARBINARY({max}) NULL")),
                 ("meta_version", "BIGINT UNSIGNED NULL".into()),
-                (
-                    "grant_client",
-                    format!("VARBINARY({GRANT_CLIENT_LEN}) NULL"),
-                ),
+                ("grant_id", format!("VARBINARY({GRANT_ID_LEN}) NULL")),
             ],
         }
     }
@@ -287,8 +282,8 @@ pub(crate) struct Statements {
     /// The column names of [`Dialect::added_columns`] and the `ALTER TABLE`
     /// adding each.
     pub(crate) add_columns: Vec<(&'static str, Arc<str>)>,
-    /// Binds: name, owner, ttl units, holder metadata (or NULL), this
-    /// client's id (`grant_client`).
+    /// Binds: name, owner, ttl units, holder metadata (or NULL), the
+    /// attempt's grant id (`grant_id`).
     /// PG/SQLite: returns `version` when won.
     /// MySQL: the OK packet's last-insert-id is the version when won, 0 when not.
     pub(crate) acquire: Arc<str>,
@@ -307,7 +302,7 @@ pub(crate) struct Statements {
     /// at once. Others: `None` (their waiters poll).
     pub(crate) want_wake: Option<Arc<str>>,
     /// As `acquire`, but also takes a live row held under the same owner
-    /// and granted to this client (`grant_client`): for a retry after an attempt whose answer was lost (see
+    /// and carrying the same grant id: for a retry after an attempt whose answer was lost (see
     /// `SqlBackend::try_acquire`).
     pub(crate) reclaim: Arc<str>,
     /// Binds: name. Returns the row's version.
@@ -343,8 +338,8 @@ fn pg_notify_if_wanted(channel: &str) -> String {
     format!("CASE WHEN wake_until > clock_timestamp() THEN pg_notify({channel}, name)::text END")
 }
 
-/// The length of a client's id in `grant_client`: 16 hex digits.
-pub(crate) const GRANT_CLIENT_LEN: usize = 16;
+/// The length of an attempt's id in `grant_id`: 16 hex digits.
+pub(crate) const GRANT_ID_LEN: usize = 16;
 
 /// The holder metadata of a row, shown only when the grant that wrote it
 /// is the row's current one (see [`Dialect::added_columns`]).
@@ -490,11 +485,11 @@ impl Statements {
                 let grant = |take_back: &str| {
                     format!(
                         "INSERT INTO {t} (name, owner, version, expires_at, holder_meta, \
-                         meta_version, grant_client) VALUES (?1, ?2, 1, {now} + ?3, ?4, 1, ?5) \
+                         meta_version, grant_id) VALUES (?1, ?2, 1, {now} + ?3, ?4, 1, ?5) \
                          ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, \
                          version = {t}.version + 1, expires_at = excluded.expires_at, \
                          holder_meta = excluded.holder_meta, meta_version = {t}.version + 1, \
-                         grant_client = excluded.grant_client \
+                         grant_id = excluded.grant_id \
                          WHERE {t}.owner IS NULL OR {t}.expires_at <= {now}{take_back} \
                          RETURNING version"
                     )
@@ -515,7 +510,7 @@ impl Statements {
                     acquire: s(grant("")),
                     reclaim: s(grant(&format!(
                         " OR ({t}.owner = excluded.owner \
-                         AND {t}.grant_client = excluded.grant_client)"
+                         AND {t}.grant_id = excluded.grant_id)"
                     ))),
                     renew: s(format!(
                         "UPDATE {t} SET expires_at = {now} + ?4 \
@@ -589,11 +584,11 @@ impl Statements {
                 let grant = |take_back: &str| {
                     format!(
                         "INSERT INTO {t} AS l (name, owner, version, expires_at, holder_meta, \
-                         meta_version, grant_client) VALUES ($1, $2, 1, {exp}, $4, 1, $5) \
+                         meta_version, grant_id) VALUES ($1, $2, 1, {exp}, $4, 1, $5) \
                          ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, \
                          version = l.version + 1, expires_at = {exp}, \
                          holder_meta = EXCLUDED.holder_meta, meta_version = l.version + 1, \
-                         grant_client = EXCLUDED.grant_client \
+                         grant_id = EXCLUDED.grant_id \
                          WHERE l.owner IS NULL OR l.expires_at <= {now}{take_back} \
                          RETURNING version",
                         exp = ttl("$3")
@@ -614,7 +609,7 @@ impl Statements {
                     add_columns,
                     acquire: s(grant("")),
                     reclaim: s(grant(
-                        " OR (l.owner = EXCLUDED.owner AND l.grant_client = EXCLUDED.grant_client)",
+                        " OR (l.owner = EXCLUDED.owner AND l.grant_id = EXCLUDED.grant_id)",
                     )),
                     renew: s(format!(
                         "UPDATE {t} SET expires_at = {exp} \
@@ -711,14 +706,14 @@ impl Statements {
                 let grant = |take_back: &str| {
                     format!(
                         "INSERT INTO {t} (name, owner, version, expires_at, holder_meta, \
-                         meta_version, grant_client) \
+                         meta_version, grant_id) \
                          VALUES (?, ?, LAST_INSERT_ID(1), {now} + INTERVAL ? MICROSECOND, ?, 1, ?) \
                          ON DUPLICATE KEY UPDATE \
                          version = IF(owner IS NULL OR expires_at <= {now}{take_back}, \
                            LAST_INSERT_ID(version + 1), version + LAST_INSERT_ID(0)), \
                          expires_at = IF(LAST_INSERT_ID() <> 0, VALUES(expires_at), expires_at), \
                          {MYSQL_META_UPDATE}, \
-                         grant_client = IF(LAST_INSERT_ID() <> 0, VALUES(grant_client), grant_client), \
+                         grant_id = IF(LAST_INSERT_ID() <> 0, VALUES(grant_id), grant_id), \
                          owner = IF(LAST_INSERT_ID() <> 0, VALUES(owner), owner)"
                     )
                 };
@@ -736,10 +731,10 @@ impl Statements {
                         .into()),
                     add_columns,
                     acquire: s(grant("")),
-                    // `owner` and `grant_client` still hold the old values
+                    // `owner` and `grant_id` still hold the old values
                     // when `version` is decided (they are assigned after).
                     reclaim: s(grant(
-                        " OR (owner = VALUES(owner) AND grant_client = VALUES(grant_client))",
+                        " OR (owner = VALUES(owner) AND grant_id = VALUES(grant_id))",
                     )),
                     renew: s(format!(
                         "UPDATE {t} SET expires_at = {now} + INTERVAL ? MICROSECOND \

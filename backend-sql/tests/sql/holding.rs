@@ -225,13 +225,14 @@ async fn block_row(db: &common::Db, name: &str) -> sqlx::AnyConnection {
     blocker
 }
 
-/// One owner used through two clients of one database: the second
-/// client's attempt gets no answer (its caller gives up while the
-/// statement waits), so its next attempt may take back a row of its own.
-/// The live row is the first client's, and must stay so; the first
-/// client's own retry still takes back its row.
+/// One owner used for two acquisitions of one name: a retry after an
+/// attempt that got no answer (its caller gave up while the statement
+/// waited) takes back only what that attempt took. The live row of the
+/// other acquisition stays, whether it went through another client of the
+/// database or through the same one; the attempt's own orphan is taken
+/// back by its retry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_takes_back_no_other_clients_row_of_the_same_owner() {
+async fn a_retry_takes_back_only_its_own_attempts_row() {
     for db in common::all().await {
         let d = db.dialect;
         let (first, second) = (db.client().await, db.client().await);
@@ -247,25 +248,38 @@ async fn a_retry_takes_back_no_other_clients_row_of_the_same_owner() {
             .await
             .unwrap()
             .expect("the first client takes it");
-        let mut blocker = block_row(&db, &name).await;
-        let gave_up = timeout(Duration::from_millis(300), second.try_acquire(&req)).await;
-        assert!(
-            gave_up.is_err(),
-            "{d:?}: a blocked attempt answered: {gave_up:?}"
-        );
-        sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
-        let again = second.try_acquire(&req).await.unwrap();
-        assert!(
-            again.is_none(),
-            "{d:?}: the second client took the first client's row: {again:?}"
-        );
-        let held = first
+        for (who, client) in [("another client", &second), ("the same client", &first)] {
+            let mut blocker = block_row(&db, &name).await;
+            let gave_up = timeout(Duration::from_millis(300), client.try_acquire(&req)).await;
+            assert!(
+                gave_up.is_err(),
+                "{d:?}: a blocked attempt answered: {gave_up:?}"
+            );
+            sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+            let again = client.try_acquire(&req).await.unwrap();
+            assert!(
+                again.is_none(),
+                "{d:?}: a retry through {who} took the live holding: {again:?}"
+            );
+        }
+        first
             .renew(&held)
             .await
-            .unwrap_or_else(|e| panic!("{d:?}: the first client's holding: {e}"));
+            .unwrap_or_else(|e| panic!("{d:?}: the first holding: {e}"));
+        first.release(&held).await.unwrap();
 
-        // The first client's own unanswered attempt is taken back by its
-        // retry, with a new fence.
+        // A free name (another one: a statement given up on above may
+        // still run on this one, SQLite's busy wait between its tries):
+        // the unanswered attempt takes the row once the blocker goes, with
+        // nobody told; its retry takes it back.
+        let name = unique("own_orphan");
+        let lock = LockName::new(&name).unwrap();
+        let req = request(&name, req.owner, Duration::from_secs(30), Duration::ZERO);
+        // The row exists (a row lock needs one) and is free.
+        let before = try_once(&second, &name, Duration::from_secs(30))
+            .await
+            .expect("free");
+        second.release(&before).await.unwrap();
         let mut blocker = block_row(&db, &name).await;
         let gave_up = timeout(Duration::from_millis(300), first.try_acquire(&req)).await;
         assert!(
@@ -273,12 +287,21 @@ async fn a_retry_takes_back_no_other_clients_row_of_the_same_owner() {
             "{d:?}: a blocked attempt answered: {gave_up:?}"
         );
         sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+        let started = Instant::now();
+        while second.inspect(&lock).await.unwrap().is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "{d:?}: the unanswered attempt never ran"
+            );
+            sleep(Duration::from_millis(20)).await;
+        }
+        let orphan = second.inspect(&lock).await.unwrap().and_then(|h| h.fence);
         let retaken = first
             .try_acquire(&req)
             .await
             .unwrap()
             .unwrap_or_else(|| panic!("{d:?}: the retry did not take back its own row"));
-        assert!(retaken.fence() > held.fence(), "{d:?}");
+        assert!(Some(retaken.fence()) > orphan, "{d:?}");
         first.release(&retaken).await.unwrap();
     }
 }

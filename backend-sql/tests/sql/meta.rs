@@ -300,7 +300,7 @@ async fn a_client_that_may_not_alter_the_old_table_is_told_what_to_run() {
         "a missing privilege does not go away: {e}"
     );
     let text = e.to_string();
-    for column in ["holder_meta", "meta_version", "wake_until", "grant_client"] {
+    for column in ["holder_meta", "meta_version", "wake_until", "grant_id"] {
         let alter = format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column}");
         assert!(text.contains(&alter), "{text}");
     }
