@@ -12,7 +12,7 @@
 -- attempt of this owner went unanswered; ARGV[11] how long (ms) a release
 -- that hands the lock to this waiter grants it for: a claim window, at most
 -- ARGV[2], which the waiter's first renewal extends to ARGV[2]; ARGV[12]
--- the client's id (see plain_grant.lua).
+-- the attempt's id (see plain_grant.lua).
 --
 -- Returns {1, fence} when taken (also when a release had handed it to this
 -- waiter already: recover()), {0, pttl, counter} otherwise (pttl -2: the

@@ -4,7 +4,8 @@
 -- ARGV[1..3] as in plain_grant.lua; ARGV[4] '1' when an earlier attempt
 -- of this owner on this name went unanswered (the client remembers), so
 -- a grant held under our token may be that attempt's: only then is it
--- taken over, and only if this client made it (ARGV[5], the client's id).
+-- taken over, and only if that attempt made it (ARGV[5], the attempt's
+-- id, which a retry after an unanswered attempt reuses).
 -- Otherwise it is another acquisition's of the same owner (a
 -- lock_core::Owner uses one token for all, on any number of clients),
 -- whose pending release would delete it from under us.

@@ -3,14 +3,14 @@
 --
 -- KEYS[1] lock key (string: the owner token)   ARGV[1] owner token
 -- KEYS[2] bookkeeping hash (fence, owner,     ARGV[2] TTL in milliseconds
---         client, meta)                       ARGV[3] holder description line,
+--         attempt, meta)                      ARGV[3] holder description line,
 --                                               '' or absent for none
 --
--- `client` in the hash names the polylock client whose attempt made the
--- grant ('' for a fair-mode hand-over, which the `granted` mark names):
--- an owner token may be shared by several clients (one lock_core::Owner
--- used with two lockers), and only the client that sent an unanswered
--- attempt may take that attempt's grant over.
+-- `attempt` in the hash names the polylock attempt that made the grant
+-- ('' for a fair-mode hand-over, which the `granted` mark names): an owner
+-- token may serve several acquisitions (one lock_core::Owner used twice,
+-- or with two lockers), and a retry after an unanswered attempt, which
+-- carries that attempt's id, may take over that attempt's grant only.
 --
 -- The description goes in the bookkeeping hash, never in the lock's value
 -- (foreign clients compare that value), and a grant without one removes the
@@ -28,10 +28,10 @@ end
 -- `book` in the same atomic step, so no two holders can ever see the same
 -- token. Also used by the fair mode's hand-over to a queued waiter, so it
 -- clears the mark of such a grant (`granted`, fair_queue.lua): the mark
--- only ever names the waiter of the current grant. `client` is the
--- granting attempt's client id (nil for a hand-over). Returns {1, fence},
+-- only ever names the waiter of the current grant. `attempt` is the
+-- granting attempt's id (nil for a hand-over). Returns {1, fence},
 -- an error reply, or nil when the key exists.
-local function grant_to(lock, book, token, ttl, meta, client)
+local function grant_to(lock, book, token, ttl, meta, attempt)
   if not redis.call('SET', lock, token, 'NX', 'PX', ttl) then
     return nil
   end
@@ -52,18 +52,18 @@ local function grant_to(lock, book, token, ttl, meta, client)
   -- The owner, the description (or none) and no fair-mode grant mark, in
   -- as few calls as the description allows.
   if meta and meta ~= '' then
-    redis.call('HSET', book, 'owner', token, 'client', client or '', 'meta', meta)
+    redis.call('HSET', book, 'owner', token, 'attempt', attempt or '', 'meta', meta)
     redis.call('HDEL', book, 'granted')
   else
-    redis.call('HSET', book, 'owner', token, 'client', client or '')
+    redis.call('HSET', book, 'owner', token, 'attempt', attempt or '')
     redis.call('HDEL', book, 'meta', 'granted')
   end
   return {1, fence}
 end
 
--- This attempt's grant, for the client `client`.
-local function grant(client)
-  return grant_to(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], client)
+-- This attempt's grant, made by the attempt `attempt`.
+local function grant(attempt)
+  return grant_to(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], attempt)
 end
 
 -- SET NX fails on a key of any type; say so instead of reporting "held"
@@ -80,12 +80,12 @@ end
 -- arrived (timed out, or its future dropped): the key holds our token and
 -- the last grant was ours, so the counter is that grant's token. Taken over
 -- with this attempt's TTL instead of waiting for ourselves: {1, fence}, or
--- nil. `client` (the recovering client's id) must have made that grant;
--- nil when the grant is known to be this waiter's otherwise (a fair-mode
--- hand-over's `granted` mark names it).
-local function recover(client)
+-- nil. `attempt` (the unanswered attempt's id, which the retry carries)
+-- must have made that grant; nil when the grant is known to be this
+-- waiter's otherwise (a fair-mode hand-over's `granted` mark names it).
+local function recover(attempt)
   if redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('HGET', KEYS[2], 'owner') == ARGV[1]
-    and (client == nil or redis.call('HGET', KEYS[2], 'client') == client) then
+    and (attempt == nil or redis.call('HGET', KEYS[2], 'attempt') == attempt) then
     local fence = redis.call('HGET', KEYS[2], 'fence')
     if fence then
       redis.call('PEXPIRE', KEYS[1], ARGV[2])

@@ -1,6 +1,6 @@
 //! [`RedisBackend`]: the [`LockBackend`] implementation.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
@@ -187,12 +187,13 @@ struct Inner {
     /// the same holder field would otherwise count one more hold). Without
     /// a mark, a grant under the owner's token is another acquisition's,
     /// never taken over (plain_acquire.lua).
-    unanswered: Mutex<HashSet<(LockName, OwnerToken)>>,
-    /// This client's id, written beside a plain-format grant its attempt
-    /// made: an owner token may be shared by several clients (one
-    /// [`lock_core::Owner`] used with two lockers), and only the client
-    /// that marked an attempt unanswered may take that grant over.
-    client_id: String,
+    ///
+    /// With each mark, the id of the unanswered attempt, written beside the
+    /// plain-format grant it may have made (the bookkeeping hash's
+    /// `attempt`) and reused by the attempts after it: an owner token may
+    /// serve several acquisitions (one [`lock_core::Owner`] used twice, or
+    /// with two lockers), and only that attempt's grant is taken over.
+    unanswered: Mutex<HashMap<(LockName, OwnerToken), String>>,
     /// One acquire attempt at a time per name and owner, each with what
     /// cleans up after it (`RetryInFlight`, a detached retry's undo). The
     /// unanswered mark lets an attempt take over the grant of the one
@@ -258,17 +259,19 @@ impl Drop for RetryInFlight<'_> {
 /// Marks an attempt unanswered until it is disarmed by a reply; dropping
 /// the attempt's future leaves the mark in place.
 struct Unanswered<'a> {
-    set: &'a Mutex<HashSet<(LockName, OwnerToken)>>,
+    set: &'a Mutex<HashMap<(LockName, OwnerToken), String>>,
     key: Option<(LockName, OwnerToken)>,
 }
 
 impl<'a> Unanswered<'a> {
-    /// Marks `key`; returns the guard and whether an earlier attempt of the
-    /// same owner on the same name went unanswered.
+    /// Marks `key`; returns the guard, the attempt's id, and whether an
+    /// earlier attempt of the same owner on the same name went unanswered
+    /// (its id is then this attempt's too: its grant is the one this
+    /// attempt may take over).
     fn mark(
-        set: &'a Mutex<HashSet<(LockName, OwnerToken)>>,
+        set: &'a Mutex<HashMap<(LockName, OwnerToken), String>>,
         key: (LockName, OwnerToken),
-    ) -> (Self, bool) {
+    ) -> (Self, String, bool) {
         // Every critical section is one insert, remove or clear.
         let mut marks = set.lock().unwrap_or_else(|p| p.into_inner());
         // Marks of attempts nobody retried would pile up; forgetting them
@@ -278,13 +281,18 @@ impl<'a> Unanswered<'a> {
         if marks.len() >= MAX_UNANSWERED {
             marks.clear();
         }
-        let earlier = !marks.insert(key.clone());
+        let earlier = marks.contains_key(&key);
+        let id = marks
+            .entry(key.clone())
+            .or_insert_with(|| format!("{:016x}", rand::random::<u64>()))
+            .clone();
         drop(marks);
         (
             Unanswered {
                 set,
                 key: Some(key),
             },
+            id,
             earlier,
         )
     }
@@ -384,7 +392,6 @@ impl RedisBackend {
                 followers: Mutex::default(),
                 foreign_wake,
                 unanswered: Mutex::default(),
-                client_id: format!("{:016x}", rand::random::<u64>()),
                 turns: Turns::default(),
                 space,
             }),
@@ -485,7 +492,7 @@ impl RedisBackend {
         let (ttl, ttl_ms) = self.guarantees().granted_ttl(req.ttl, PX_UNIT);
         let scripts = self.inner.layout.scripts();
         let holder = self.inner.layout.holder(req.owner);
-        let (pending, recover) =
+        let (pending, attempt_id, recover) =
             Unanswered::mark(&self.inner.unanswered, (req.name.clone(), req.owner));
         let meta = req
             .meta
@@ -514,7 +521,7 @@ impl RedisBackend {
                 .arg(GRANT_FRESHNESS.as_millis() as u64)
                 .arg(u8::from(recover))
                 .arg(ttl_ms.min(GRANT_CLAIM.as_millis() as u64))
-                .arg(&self.inner.client_id),
+                .arg(&attempt_id),
             // The plain format recognises its own grant by value, taken
             // over only after an unanswered attempt (plain_acquire.lua).
             (Format::Plain, None) => inv
@@ -522,7 +529,7 @@ impl RedisBackend {
                 .arg(ttl_ms)
                 .arg(&meta)
                 .arg(u8::from(recover))
-                .arg(&self.inner.client_id),
+                .arg(&attempt_id),
             (Format::Redisson, _) => inv
                 .key(keys.bookkeeping())
                 .arg(ttl_ms)

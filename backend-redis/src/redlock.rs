@@ -636,7 +636,7 @@ impl RedlockBackend {
             .arg(&meta)
             // The value is this attempt's alone: a key holding it can only
             // be this attempt's own grant, so it is always taken over, and
-            // no client id (ARGV[5]) is needed to tell whose it is.
+            // no attempt id (ARGV[5]) is needed to tell whose it is.
             .arg("1");
         let policy = ClockPolicy {
             drift: req.clock.drift.max(self.inner.config.drift_factor),

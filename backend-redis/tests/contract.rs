@@ -149,6 +149,54 @@ async fn an_unanswered_attempt_takes_over_no_other_clients_grant() {
     }
 }
 
+/// One owner acquiring a name twice through one client: the second
+/// acquisition's attempt gets no answer, and its retry must not take over
+/// the first acquisition's live grant (the retry carries its own attempt's
+/// id, which that grant does not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_second_acquisition_takes_over_no_grant_of_the_same_client() {
+    for query in ["", "&fair=true"] {
+        let srv = common::server();
+        let proxy = Proxy::start(srv.addr()).unwrap();
+        let client = common::backend(&format!(
+            "redis://127.0.0.1:{}/0?op_timeout=300ms{query}",
+            proxy.port()
+        ))
+        .await;
+        let n = name("contract/same-client-owner");
+        let request = AcquireRequest::new(
+            n.clone(),
+            OwnerToken::random(),
+            Duration::from_secs(30),
+            Duration::ZERO,
+        )
+        .unwrap();
+        let held = client
+            .try_acquire(&request)
+            .await
+            .unwrap()
+            .expect("the first acquisition takes it");
+        proxy.set_mode(Mode::Delay(Duration::from_millis(500)));
+        let lost_answer = client.try_acquire(&request).await;
+        assert!(
+            lost_answer.as_ref().is_err_and(|e| e.is_retryable()),
+            "{query}: {lost_answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        proxy.set_mode(Mode::Pass);
+        let again = client.try_acquire(&request).await.unwrap();
+        assert!(
+            again.is_none(),
+            "{query}: the second acquisition took over the first one's grant: {again:?}"
+        );
+        client
+            .renew(&held)
+            .await
+            .unwrap_or_else(|e| panic!("{query}: the first holding: {e}"));
+        client.release(&held).await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redisson_retry_takes_back_its_unanswered_grant_without_a_second_hold() {
     let (srv, ours, mut raw) = server_and_clients("?format=redisson").await;
