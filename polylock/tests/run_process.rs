@@ -550,6 +550,164 @@ fn ctrl_z_stops_the_job_and_fg_continues_it_unless_the_lock_expired() {
     shell.type_in("exit\n");
 }
 
+/// The state letter of `pid` in /proc (`T`: stopped).
+fn state_of(pid: Pid) -> char {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.trim().chars().next())
+        })
+        .unwrap_or('?')
+}
+
+/// Job control where the terminal is not polylock's stdin, and where
+/// polylock shares its process group: Ctrl-Z reaches polylock itself, and
+/// the command, which never runs while polylock is stopped, stops with it;
+/// in a pipeline the terminal stays with polylock's group. A SIGSTOP of
+/// the command alone (a debugger, `cpulimit`) is no job stop: polylock
+/// keeps renewing.
+#[test]
+fn the_job_stops_as_a_whole_and_a_sigstop_of_the_command_is_not_mirrored() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_polylock");
+    let mut shell = Shell::start(dir.path());
+    // stdin a pipe: Ctrl-Z goes to polylock's group, which keeps the
+    // terminal.
+    shell.type_in(&format!(
+        "echo | {bin} run --ttl 30s piped -- sh -c 'echo $$ > pid; echo ST\"\"ARTED; \
+         while true; do date +%s%N > tick; sleep 0.05; done'\n"
+    ));
+    shell.wait_for("STARTED", 1);
+    let pid = read_pid(&dir.path().join("pid"));
+    shell.type_in("\x1a");
+    shell.wait_for("Stopped", 1);
+    assert!(
+        eventually(Duration::from_secs(5), || state_of(pid) == 'T'),
+        "the command runs on while the job is stopped (state {})",
+        state_of(pid)
+    );
+    shell.type_in("fg\n");
+    assert!(
+        eventually(Duration::from_secs(10), || state_of(pid) != 'T'),
+        "fg did not continue the command"
+    );
+    shell.type_in("\x03");
+    shell.wait_for("$ ", 3);
+
+    // In a pipeline the command does not get the terminal: it reads its
+    // group (field 5) and the terminal's foreground group (field 8).
+    shell.type_in(&format!(
+        "{bin} run --ttl 30s piped -- sh -c 'cut -d\" \" -f5,8 /proc/$$/stat > groups' | cat\n"
+    ));
+    let groups = dir.path().join("groups");
+    wait_file(&groups);
+    let mut line = String::new();
+    assert!(eventually(Duration::from_secs(5), || {
+        line = std::fs::read_to_string(&groups).unwrap_or_default();
+        line.ends_with('\n')
+    }));
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields.len(), 2, "{line:?}");
+    assert_ne!(
+        fields[0], fields[1],
+        "the command got the terminal in a pipeline: {line:?}"
+    );
+
+    // A SIGSTOP of the command alone: polylock runs on and keeps the lock.
+    shell.type_in(&format!(
+        "{bin} run --ttl 1s alone -- sh -c 'echo $$ > pid2; echo ST\"\"ARTED; sleep 30'\n"
+    ));
+    shell.wait_for("STARTED", 2);
+    let pid = read_pid(&dir.path().join("pid2"));
+    kill(pid, Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    let other = output(polylock(dir.path(), None).args(["run", "-n", "alone", "--", "true"]));
+    assert_eq!(
+        other.status.code(),
+        Some(75),
+        "the lock was not kept while the command alone was stopped: {}",
+        text(&other.stderr)
+    );
+    kill(pid, Signal::SIGCONT).unwrap();
+    shell.type_in("\x03");
+    shell.type_in("exit\n");
+}
+
+/// polylock as the whole session of a terminal (as under `ssh -t host
+/// polylock ...`): its process group is orphaned, so no shell could ever
+/// continue a stopped job. Ctrl-Z, which stops the command that owns the
+/// terminal, is then undone at once: the command finishes on its own.
+#[test]
+fn ctrl_z_in_an_orphaned_session_does_not_leave_the_command_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_polylock");
+    let inner = format!("{bin} run orphaned -- sh -c 'touch started; sleep 2; touch finished'");
+    let mut script = std::process::Command::new("script")
+        .args(["-qfec", &inner, "/dev/null"])
+        .current_dir(dir.path())
+        .env_remove("POLYLOCK_URL")
+        .env("SHELL", "/bin/sh")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("util-linux `script` is needed for this test");
+    let _guard = KillOnDrop(Pid::from_raw(script.id() as i32));
+    wait_file(&dir.path().join("started"));
+    let mut tty = script.stdin.take().unwrap();
+    tty.write_all(b"\x1a").unwrap();
+    tty.flush().unwrap();
+    assert!(
+        eventually(Duration::from_secs(15), || dir
+            .path()
+            .join("finished")
+            .exists()),
+        "the command stayed stopped"
+    );
+    drop(tty);
+    let out = script.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+}
+
+/// After a forwarded signal the lock is kept while the command's group
+/// drains; a second signal kills the group at once, rather than waiting
+/// for the lease's deadline (an hour here).
+#[test]
+fn a_second_signal_ends_the_drain_of_the_commands_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = polylock(dir.path(), None)
+        .args([
+            "run",
+            "--ttl",
+            "1h",
+            "drained",
+            "--",
+            "sh",
+            "-c",
+            "(trap '' INT TERM; exec sleep 300) & echo $! > bg; echo $$ > pid; wait",
+        ])
+        .spawn()
+        .unwrap();
+    let _guard = KillOnDrop(Pid::from_raw(run.id() as i32));
+    let leader = read_pid(&dir.path().join("pid"));
+    let bg = read_pid(&dir.path().join("bg"));
+    let _bg_guard = KillOnDrop(bg);
+    let polylock_pid = Pid::from_raw(run.id() as i32);
+    kill(polylock_pid, Signal::SIGINT).unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || !alive(leader)),
+        "the forwarded SIGINT did not end the leader"
+    );
+    assert!(alive(bg), "the background process ignores SIGINT");
+    kill(polylock_pid, Signal::SIGINT).unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || !alive(bg)),
+        "a second signal did not end the drain"
+    );
+    let status = run.wait().unwrap();
+    assert!(status.code().is_some(), "{status:?}");
+}
+
 /// polylock paused past the lease's deadline (SIGSTOP): on resume the loss
 /// is noticed late, and the command is killed at once, not after --grace.
 #[test]

@@ -4,18 +4,36 @@
 //! signal reach it exactly once: a signal sent to polylock's group (a shell's
 //! `kill -INT -PGID`, a supervisor stopping the job) reaches only polylock,
 //! which forwards one copy to the command's group. When polylock runs in the
-//! foreground of a terminal, the terminal is handed to the command's group
-//! (as a shell does for a job), so a Ctrl-C goes to the command directly and
-//! polylock, which no longer gets it, forwards nothing: still one copy. The
-//! command can read the terminal as if it had been started by the shell.
+//! foreground of its controlling terminal, alone in its process group, the
+//! terminal is handed to the command's group (as a shell does for a job), so
+//! a Ctrl-C goes to the command directly and polylock, which no longer gets
+//! it, forwards nothing: still one copy. The command can read the terminal as
+//! if it had been started by the shell. With other processes in polylock's
+//! group (a pipeline: `polylock run x -- make | less`) the terminal stays
+//! with that group: handing it away would make them a background group,
+//! stopped when they touch the terminal, and polylock with them.
 //!
-//! Job control follows from that: a Ctrl-Z stops the command's group, which
-//! the shell does not see, since its job is polylock. So polylock stops its
-//! own group the same way (the shell then reports the job stopped), and
-//! when the job is continued (`fg`, `bg`) it continues the command, in the
-//! foreground handing it the terminal again. While polylock is stopped it
-//! renews nothing: a stop longer than the lease loses the lock, and the
-//! command is then killed instead of continued.
+//! Job control follows from that. The shell's job is polylock's group, so
+//! the job must stop and continue as a whole:
+//! - a terminal's stop of the command's group (Ctrl-Z while it owns the
+//!   terminal, a background read or write of the terminal) stops polylock
+//!   too, once it took the terminal back, so the shell reports the job
+//!   stopped;
+//! - a SIGTSTP to polylock (Ctrl-Z while its group owns the terminal, a
+//!   `kill -TSTP`) stops the command's group before polylock stops;
+//! - when polylock is continued (`fg`, `bg`) it continues the command, in
+//!   the foreground handing it the terminal again.
+//!
+//! A stopped polylock renews nothing: after a stop longer than the lease
+//! the command is killed instead of continued. Never does polylock stop
+//! while the command runs. A SIGSTOP of the command alone (a debugger,
+//! `cpulimit`) is not job control: polylock keeps renewing, and whoever
+//! stopped the command continues it. Without a controlling terminal, or in
+//! a process group no shell can continue (an orphaned one, as under
+//! `ssh host polylock ...`), polylock does not stop: a Ctrl-Z of the command
+//! is undone at once, as the kernel discards one for such a group. SIGTTOU
+//! is ignored in polylock, so its own messages and terminal hand-overs
+//! never stop it (the command gets the default back).
 //!
 //! The command gets a parent-death signal (SIGKILL) set between fork and
 //! exec, so it dies when polylock dies, even of SIGKILL. Linux sends it when
@@ -24,12 +42,14 @@
 //! thread, which lives as long as polylock.
 
 use std::ffi::OsString;
+use std::fs::File;
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
-use nix::sys::signal::{killpg, SigSet, SigmaskHow, Signal};
+use nix::errno::Errno;
+use nix::sys::signal::{kill, killpg, SigHandler, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
-use nix::unistd::{getpgrp, getpid, getppid, tcgetpgrp, tcsetpgrp, Pid};
+use nix::unistd::{getpgrp, getpid, getppid, getsid, tcgetpgrp, tcsetpgrp, Pid};
 use tokio::process::{Child, Command};
 
 /// The running command.
@@ -37,9 +57,17 @@ pub(crate) struct Spawned {
     pub(crate) child: Child,
     /// The command's process group (its pid: it leads the group).
     group: Pid,
-    /// Set when the terminal was handed to the command's group and must be
-    /// taken back when it ends.
+    /// polylock's controlling terminal (`/dev/tty`), if it has one.
+    tty: Option<File>,
+    /// Whether the terminal may be handed to the command: polylock is alone
+    /// in its process group.
+    may_hand: bool,
+    /// Set while the command's group owns the terminal (handed by
+    /// polylock), which must be taken back when it ends or stops.
     terminal: bool,
+    /// Set while polylock stopped itself with the job; cleared when the
+    /// job is continued.
+    suspended: bool,
 }
 
 /// Starts `program args` in its own process group, with `env` added, dying
@@ -51,23 +79,27 @@ pub(crate) fn spawn(
 ) -> io::Result<Spawned> {
     // The parent-death signal is tied to the forking thread (see above).
     debug_assert_eq!(std::thread::current().name(), Some("main"));
-    let stdin = io::stdin();
+    ignore_ttou();
+    // No terminal when there is no controlling one (ENXIO).
+    let tty = File::options().read(true).write(true).open("/dev/tty").ok();
+    let may_hand = alone_in_group();
     // Only a foreground polylock may give the terminal away; in the
     // background (or with no terminal) the command stays a background job,
     // as polylock itself was.
-    let terminal = tcgetpgrp(stdin.as_fd()).is_ok_and(|fg| fg == getpgrp());
+    let terminal = may_hand && tty.as_ref().is_some_and(is_foreground);
     let mut cmd = Command::new(program);
     cmd.args(args).process_group(0).kill_on_drop(false);
     for (k, v) in env {
         cmd.env(k, v);
     }
     let parent = getpid();
-    die_with_parent(&mut cmd, parent, terminal.then_some(stdin));
+    let handover = tty.as_ref().filter(|_| terminal).map(AsRawFd::as_raw_fd);
+    die_with_parent(&mut cmd, parent, handover);
     let child = cmd.spawn().inspect_err(|_| {
         // The child may have taken the terminal before its exec failed:
         // its group is gone, and the terminal must not stay with it.
-        if terminal {
-            take_terminal_back();
+        if let (true, Some(tty)) = (terminal, &tty) {
+            take_terminal_back(tty);
         }
     })?;
     let pid = child
@@ -77,42 +109,58 @@ pub(crate) fn spawn(
     Ok(Spawned {
         child,
         group: Pid::from_raw(pid),
+        tty,
+        may_hand,
         terminal,
+        suspended: false,
     })
 }
 
+/// Ignores SIGTTOU in polylock (see the module docs); the command gets the
+/// default back between fork and exec.
+#[allow(unsafe_code)]
+fn ignore_ttou() {
+    // SAFETY: sets a disposition, no handler code runs; polylock installs
+    // no SIGTTOU handler of its own that this could replace.
+    if let Err(e) = unsafe { nix::sys::signal::signal(Signal::SIGTTOU, SigHandler::SigIgn) } {
+        tracing::debug!(error = %e, "polylock: ignoring SIGTTOU failed");
+    }
+}
+
 /// Registers the code that runs in the child between fork and exec: the
-/// parent-death signal and, for a foreground polylock, the terminal handover.
+/// parent-death signal, for a foreground polylock the terminal handover
+/// (`tty`, polylock's controlling terminal), and SIGTTOU's default back.
 ///
 /// `tokio::process::Command::pre_exec` is `unsafe` because the closure runs
 /// in a forked copy of a multi-threaded process, where only async-signal-safe
 /// calls are allowed.
 #[allow(unsafe_code)]
-fn die_with_parent(cmd: &mut Command, parent: Pid, terminal: Option<io::Stdin>) {
+fn die_with_parent(cmd: &mut Command, parent: Pid, tty: Option<RawFd>) {
     // SAFETY: the closure only makes system calls that are async-signal-safe
-    // (prctl, getppid, pthread_sigmask, tcsetpgrp, getpid): it does not
-    // allocate, take locks or touch state shared with other threads. The
-    // values it uses (`parent`, the `Stdin` handle, whose buffer was set up
-    // by `io::stdin()` before the fork) were created before the fork and are
-    // only read.
+    // (prctl, getppid, pthread_sigmask, tcsetpgrp, getpid, sigaction): it
+    // does not allocate (its errors are plain errnos), take locks or touch
+    // state shared with other threads. The values it uses (`parent`, the
+    // terminal's descriptor, open until the spawn returns) were made before
+    // the fork and are only read.
     unsafe {
         cmd.pre_exec(move || {
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             // polylock may have died between fork and prctl: then the
             // signal will never come, so give up now.
             if getppid() != parent {
-                return Err(io::Error::other("polylock exited"));
+                return Err(Errno::ESRCH.into());
             }
-            if let Some(stdin) = &terminal {
+            if let Some(fd) = tty {
                 // We are in a background group now: taking the terminal
-                // raises SIGTTOU unless it is blocked.
+                // raises SIGTTOU unless it is blocked (or ignored).
                 let mut ttou = SigSet::empty();
                 ttou.add(Signal::SIGTTOU);
                 let old = ttou.thread_swap_mask(SigmaskHow::SIG_BLOCK)?;
-                let taken = tcsetpgrp(stdin.as_fd(), getpid());
+                let taken = tcsetpgrp(BorrowedFd::borrow_raw(fd), getpid());
                 old.thread_set_mask()?;
                 taken?;
             }
+            nix::sys::signal::signal(Signal::SIGTTOU, SigHandler::SigDfl)?;
             Ok(())
         });
     }
@@ -133,26 +181,22 @@ impl Spawned {
     /// from /proc rather than by `kill(-group, 0)`, which also counts the
     /// zombies a container's init may never reap.
     pub(crate) fn group_running(&self) -> bool {
-        let Ok(dir) = std::fs::read_dir("/proc") else {
-            return false;
-        };
-        dir.filter_map(Result::ok)
-            .filter(|e| e.file_name().to_str().is_some_and(is_pid))
-            .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
-            .any(|stat| runs_in_group(&stat, self.group.as_raw()))
+        processes().any(|p| p.pgrp == self.group.as_raw())
     }
 
-    /// Takes the terminal back after the command ended, so the shell and
-    /// polylock's own messages are in the foreground again.
+    /// Takes the terminal back after the command ended or stopped, so the
+    /// shell and polylock's own messages are in the foreground again.
     pub(crate) fn restore_terminal(&mut self) {
         if std::mem::take(&mut self.terminal) {
-            take_terminal_back();
+            if let Some(tty) = &self.tty {
+                take_terminal_back(tty);
+            }
         }
     }
 
     /// The signal that stopped the command (its group's leader), when it
-    /// was stopped since the last call: Ctrl-Z, a background read of the
-    /// terminal, SIGSTOP. Never reaps: an exit stays for `child.wait()`.
+    /// was stopped since the last call. Never reaps: an exit stays for
+    /// `child.wait()`.
     pub(crate) fn stopped(&self) -> Option<Signal> {
         match waitid(
             Id::Pid(self.group),
@@ -163,37 +207,53 @@ impl Spawned {
         }
     }
 
-    /// Stops polylock's own job as the command was stopped (SIGSTOP as
-    /// SIGTSTP), after taking the terminal back, so the shell that started
-    /// polylock sees its job stopped. Without a controlling terminal on
-    /// stdin there is no job control to follow (the stop was someone's
-    /// SIGSTOP to the command): then nothing is done.
-    pub(crate) fn stop_job(&mut self, sig: Signal) {
-        if tcgetpgrp(io::stdin().as_fd()).is_err() {
+    /// Stops the whole job (see the module docs): after the command was
+    /// stopped by `sig` (`by_command`), or polylock got a SIGTSTP. Returns
+    /// once polylock has been continued, or at once when it does not stop
+    /// (no terminal, a process group no shell can continue, a SIGSTOP of
+    /// the command alone).
+    pub(crate) fn stop_job(&mut self, by_command: bool, sig: Signal) {
+        let job_control = matches!(sig, Signal::SIGTSTP | Signal::SIGTTIN | Signal::SIGTTOU);
+        if !job_control || self.tty.is_none() {
             return;
         }
-        self.restore_terminal();
-        let sig = if sig == Signal::SIGSTOP {
-            Signal::SIGTSTP
-        } else {
-            sig
-        };
-        // The kernel discards it when polylock's group is orphaned (no
-        // shell above it could continue it): polylock then runs on.
-        if let Err(e) = killpg(getpgrp(), sig) {
-            tracing::debug!(error = %e, "polylock: stopping its own job failed");
+        if own_group_orphaned() {
+            if by_command && sig == Signal::SIGTSTP {
+                self.signal(Signal::SIGCONT);
+            }
+            return;
         }
+        if !by_command {
+            // Uncatchable: the command must not run on while polylock stops.
+            self.signal(Signal::SIGSTOP);
+        }
+        self.restore_terminal();
+        self.suspended = true;
+        // SIGTSTP is polylock's own to handle (it got here so), so stop
+        // with SIGSTOP; the shell sees the job stopped all the same.
+        if let Err(e) = kill(getpid(), Signal::SIGSTOP) {
+            tracing::debug!(error = %e, "polylock: stopping itself failed");
+            self.suspended = false;
+        }
+    }
+
+    /// Whether polylock stopped itself with the job and has not been told
+    /// yet that the job continues.
+    pub(crate) fn suspended(&self) -> bool {
+        self.suspended
     }
 
     /// Continues the command after polylock's job was continued; in the
     /// foreground (`fg`), it gets the terminal back first.
     pub(crate) fn continue_job(&mut self) {
-        let stdin = io::stdin();
-        if tcgetpgrp(stdin.as_fd()).is_ok_and(|fg| fg == getpgrp()) {
-            match set_foreground(self.group) {
-                Ok(()) => self.terminal = true,
-                Err(e) => {
-                    tracing::debug!(error = %e, "polylock: handing the terminal over failed");
+        self.suspended = false;
+        if let (true, Some(tty)) = (self.may_hand, &self.tty) {
+            if is_foreground(tty) {
+                match set_foreground(tty, self.group) {
+                    Ok(()) => self.terminal = true,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "polylock: handing the terminal over failed");
+                    }
                 }
             }
         }
@@ -201,42 +261,92 @@ impl Spawned {
     }
 }
 
+/// Whether polylock's group is the foreground group of `tty`.
+fn is_foreground(tty: &File) -> bool {
+    tcgetpgrp(tty.as_fd()).is_ok_and(|fg| fg == getpgrp())
+}
+
 /// Makes polylock's own group the terminal's foreground group again.
-fn take_terminal_back() {
-    if let Err(e) = set_foreground(getpgrp()) {
+fn take_terminal_back(tty: &File) {
+    if let Err(e) = set_foreground(tty, getpgrp()) {
         tracing::debug!(error = %e, "polylock: taking the terminal back failed");
     }
 }
 
-/// Makes `group` the foreground group of the terminal on stdin. SIGTTOU is
-/// blocked for the call: polylock may be a background group by then.
-fn set_foreground(group: Pid) -> nix::Result<()> {
+/// Makes `group` the foreground group of `tty`. SIGTTOU is blocked for the
+/// call: polylock may be a background group by then.
+fn set_foreground(tty: &File, group: Pid) -> nix::Result<()> {
     let mut ttou = SigSet::empty();
     ttou.add(Signal::SIGTTOU);
     let old = ttou.thread_swap_mask(SigmaskHow::SIG_BLOCK)?;
-    let set = tcsetpgrp(io::stdin().as_fd(), group);
+    let set = tcsetpgrp(tty.as_fd(), group);
     let _ = old.thread_set_mask();
     set
+}
+
+/// Whether polylock is the only live process of its process group.
+fn alone_in_group() -> bool {
+    let (me, group) = (getpid().as_raw(), getpgrp().as_raw());
+    !processes().any(|p| p.pgrp == group && p.pid != me)
+}
+
+/// Whether polylock's process group is orphaned: no member has a parent in
+/// another group of the same session, so no job-control shell can continue
+/// it once stopped (the kernel discards a terminal's stop for such a group).
+fn own_group_orphaned() -> bool {
+    let group = getpgrp().as_raw();
+    let Ok(session) = getsid(None).map(Pid::as_raw) else {
+        return true;
+    };
+    let all: Vec<Proc> = processes().collect();
+    !all.iter().filter(|p| p.pgrp == group).any(|member| {
+        all.iter()
+            .find(|p| p.pid == member.ppid)
+            .is_some_and(|parent| parent.pgrp != group && parent.session == session)
+    })
+}
+
+/// A live process as `/proc/PID/stat` shows it.
+#[derive(Debug, PartialEq, Eq)]
+struct Proc {
+    pid: i32,
+    ppid: i32,
+    pgrp: i32,
+    session: i32,
+}
+
+/// Every live (not zombie) process /proc shows. Zombies do not count: a
+/// container's init may never reap them.
+fn processes() -> impl Iterator<Item = Proc> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_str().is_some_and(is_pid))
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter_map(|stat| parse_stat(&stat))
 }
 
 fn is_pid(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit())
 }
 
-/// Whether the `/proc/PID/stat` line `stat` is of a live (not zombie)
-/// process in process group `group`. The command name, in parentheses,
-/// may hold spaces and parentheses: the fields are read after the last
-/// `)` (state, parent, process group).
-fn runs_in_group(stat: &str, group: i32) -> bool {
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return false;
-    };
+/// The `/proc/PID/stat` line `stat` of a live (not zombie) process. The
+/// command name, in parentheses, may hold spaces and parentheses: the fields
+/// are read after the last `)` (state, parent, process group, session).
+fn parse_stat(stat: &str) -> Option<Proc> {
+    let (pid, rest) = stat.split_once(' ')?;
+    let (_, rest) = stat.rsplit_once(')').filter(|_| !rest.is_empty())?;
     let mut fields = rest.split_whitespace();
-    let (Some(state), Some(_parent), Some(pgrp)) = (fields.next(), fields.next(), fields.next())
-    else {
-        return false;
-    };
-    state != "Z" && state != "X" && pgrp.parse() == Ok(group)
+    let state = fields.next()?;
+    let mut number = || fields.next()?.parse::<i32>().ok();
+    let (ppid, pgrp, session) = (number()?, number()?, number()?);
+    (state != "Z" && state != "X").then_some(Proc {
+        pid: pid.parse().ok()?,
+        ppid,
+        pgrp,
+        session,
+    })
 }
 
 #[cfg(test)]
@@ -245,10 +355,28 @@ mod tests {
 
     #[test]
     fn stat_lines_are_read_after_the_command_name() {
-        assert!(runs_in_group("42 (sh) S 1 42 42 0 -1", 42));
-        assert!(runs_in_group("43 (a ) b) R 42 42 42 0", 42));
-        assert!(!runs_in_group("44 (sleep) Z 1 42 42 0", 42));
-        assert!(!runs_in_group("45 (sleep) S 1 7 7 0", 42));
-        assert!(!runs_in_group("garbage", 42));
+        let p = |pid, ppid, pgrp, session| Proc {
+            pid,
+            ppid,
+            pgrp,
+            session,
+        };
+        assert_eq!(parse_stat("42 (sh) S 1 42 40 0 -1"), Some(p(42, 1, 42, 40)));
+        assert_eq!(
+            parse_stat("43 (a ) b) R 42 42 41 0"),
+            Some(p(43, 42, 42, 41))
+        );
+        assert_eq!(parse_stat("44 (sleep) Z 1 42 42 0"), None);
+        assert_eq!(parse_stat("garbage"), None);
+        assert_eq!(parse_stat("45 (x) S 1"), None);
+    }
+
+    #[test]
+    fn this_process_is_seen_with_its_group_and_session() {
+        let me = processes()
+            .find(|p| p.pid == getpid().as_raw())
+            .expect("this process in /proc");
+        assert_eq!(me.pgrp, getpgrp().as_raw());
+        assert_eq!(Some(me.session), getsid(None).ok().map(Pid::as_raw));
     }
 }

@@ -19,8 +19,16 @@ use crate::{exit, Failure};
 
 /// Waits until no process of the command's group runs any more (its
 /// leader has exited), killing the group at `kill_at`, or at once when the
-/// lock is lost: then why.
-async fn drain(cmd: &Spawned, guard: &LockGuard, kill_at: Instant) -> Option<String> {
+/// lock is lost: then why. A signal that arrives meanwhile is forwarded to
+/// the group; a second one (`forwarded`: one was before the drain) kills
+/// it.
+async fn drain(
+    cmd: &Spawned,
+    guard: &LockGuard,
+    kill_at: Instant,
+    signals: &mut Signals,
+    mut forwarded: bool,
+) -> Option<String> {
     while cmd.group_running() {
         tokio::select! {
             biased;
@@ -31,6 +39,14 @@ async fn drain(cmd: &Spawned, guard: &LockGuard, kill_at: Instant) -> Option<Str
             _ = sleep_until(kill_at) => {
                 cmd.signal(Signal::SIGKILL);
                 return None;
+            }
+            sig = signals.recv() => {
+                if forwarded {
+                    cmd.signal(Signal::SIGKILL);
+                    return None;
+                }
+                cmd.signal(sig);
+                forwarded = true;
             }
             _ = tokio::time::sleep(Duration::from_millis(20)) => {}
         }
@@ -92,10 +108,13 @@ impl Signals {
     }
 }
 
-/// SIGCHLD and SIGCONT, for following the command's job-control stops
-/// (see the `child` module): listened to before the command starts.
+/// SIGCHLD, SIGTSTP and SIGCONT, for stopping and continuing the command
+/// and polylock as one job (see the `child` module): listened to before the
+/// command starts. Listening to SIGTSTP also means that polylock never
+/// stops by it while the command runs on.
 struct JobSignals {
     child: tokio::signal::unix::Signal,
+    tstp: tokio::signal::unix::Signal,
     cont: tokio::signal::unix::Signal,
 }
 
@@ -109,6 +128,7 @@ impl JobSignals {
         };
         Ok(JobSignals {
             child: signal(SignalKind::child()).map_err(fail)?,
+            tstp: signal(SignalKind::from_raw(Signal::SIGTSTP as i32)).map_err(fail)?,
             cont: signal(SignalKind::from_raw(Signal::SIGCONT as i32)).map_err(fail)?,
         })
     }
@@ -301,7 +321,7 @@ pub(crate) async fn run(
                 eprintln!("polylock: lock {name:?} was lost: {cause}; killed the command");
                 lost = Some(cause);
             }
-            _ = job.cont.recv(), if lost.is_none() => {
+            _ = job.cont.recv(), if lost.is_none() && cmd.suspended() => {
                 // polylock's job was continued after a stop. Renewals
                 // stopped with it: past the deadline the command must not
                 // run again, whether or not the watchdog has said so yet.
@@ -317,9 +337,10 @@ pub(crate) async fn run(
             _ = job.child.recv() => {
                 if let Some(sig) = cmd.stopped() {
                     tracing::debug!(signal = %sig, "polylock: the command was stopped");
-                    cmd.stop_job(sig);
+                    cmd.stop_job(true, sig);
                 }
             }
+            _ = job.tstp.recv() => cmd.stop_job(false, Signal::SIGTSTP),
             _ = sleep_until(term_at), if stopping.is_none() && lost.is_none() => {
                 // Woken at the stop time of the lease we read; a renewal
                 // in between moved the deadline and the loop goes round.
@@ -364,14 +385,15 @@ pub(crate) async fn run(
     // Once the group was told to stop (renewals failing, or a signal
     // polylock forwarded), the lock stays held until the group is gone, and
     // the group is killed at the deadline, or at once if the lock is lost.
+    // The shell gets the terminal back now, not after the drain.
+    cmd.restore_terminal();
     if lost.is_none() && !killed && (stopping.is_some() || forwarded) {
         let kill_at = stopping.map_or_else(|| guard.lease().deadline(), |(_, d)| d);
-        if let Some(cause) = drain(&cmd, &guard, kill_at).await {
+        if let Some(cause) = drain(&cmd, &guard, kill_at, &mut signals, forwarded).await {
             eprintln!("polylock: lock {name:?} was lost: {cause}; killed the command's group");
             lost = Some(cause);
         }
     }
-    cmd.restore_terminal();
     let status =
         status.map_err(|e| Failure::new(exit::BACKEND, format!("waiting for the command: {e}")))?;
     if let Some(cause) = lost {
