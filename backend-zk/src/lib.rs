@@ -55,12 +55,17 @@
 //!   reads the node (owner token, czxid, ephemeral owner), which also shows
 //!   the server the session is alive; the leases of one session due
 //!   together are read in one multi-read request. In an ensemble that read
-//!   is answered by the member the client is connected to: a follower cut
-//!   off from the leader keeps answering reads until it gives the leader up
-//!   (`syncLimit` ticks, 10 s at the defaults), while the leader expires
-//!   the session after its timeout. A TTL shorter than that window can
-//!   therefore be renewed by a member that no longer speaks for the
-//!   ensemble: keep TTLs above `syncLimit × tickTime`. When the
+//!   is answered by the member the client is connected to. **Known gap:**
+//!   a follower cut off from the leader keeps answering reads until it
+//!   gives the leader up (`syncLimit` ticks, 10 s at the defaults), while
+//!   the leader, which last heard of the session before the cut, expires
+//!   it one session timeout after that. A renewal answered by such a
+//!   follower moves the lease's deadline past the leader's expiry by up to
+//!   about `(syncLimit + 1) × tickTime`, whatever the TTL: in that window a
+//!   client on the leader's side can be granted the lock while this holder
+//!   still sees its lease as valid. Fencing tokens still order the two
+//!   (the later holder's is higher). Closing it needs that bound taken off
+//!   every deadline an ensemble read gives. When the
 //!   connection drops, renewals fail and the guard reports the loss at the
 //!   lease's local deadline unless the session reconnects in time. The
 //!   driver gives up on a silent connection well before the session
