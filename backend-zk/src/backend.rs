@@ -802,7 +802,15 @@ impl ZkBackend {
     }
 
     async fn dir_pzxid(&self, s: &Session, dir: &str) -> Option<(i64, i32)> {
-        match tokio::time::timeout(self.op(), s.client.check_stat(dir)).await {
+        // Synced first: a lagging member could show a directory older than
+        // a grant the leader has made (then a release would say Ok, not
+        // Lost).
+        let until = lock_core::call::request_deadline(self.op());
+        let read = async {
+            s.client.sync(dir).await?;
+            s.client.check_stat(dir).await
+        };
+        match tokio::time::timeout_at(until, read).await {
             Ok(Ok(Some(stat))) => Some((stat.pzxid, stat.num_children)),
             _ => None,
         }
@@ -1005,9 +1013,11 @@ impl NodeGuard {
     /// Deletes the node, waiting up to `op` for it; a delete that did not
     /// get through by then goes on in the background.
     async fn delete_now(&mut self) {
-        let op = self.op;
+        // Waited for no longer than the call may take; the delete goes on
+        // in the background past that.
+        let until = lock_core::call::request_deadline(self.op);
         if let Some(task) = self.spawn_delete() {
-            let _ = tokio::time::timeout(op, task).await;
+            let _ = tokio::time::timeout_at(until, task).await;
         }
     }
 
@@ -1076,6 +1086,73 @@ async fn delete_until_gone(client: zookeeper_client::Client, path: String, op: D
     }
 }
 
+impl ZkBackend {
+    /// The body of [`LockBackend::release`], under its call deadline.
+    async fn release_now(&self, lease: &Lease) -> Result<(), LockError> {
+        let lost = || LockError::Lost {
+            name: lease.name().to_string(),
+        };
+        let path = lease.backend_key().ok_or_else(lost)?;
+        let dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or_default();
+        if let Some((s, _, release_sent)) = self.held_session(lease, path) {
+            if s.ended.is_cancelled() {
+                // The session ended: its nodes went with it, ours too
+                // (unless our earlier delete got there first).
+                self.inner.held().remove(path);
+                return if release_sent { Ok(()) } else { Err(lost()) };
+            }
+            // Marked before the delete leaves: if this future is dropped
+            // after it did, a retried release that finds no node is this
+            // one, not a loss. (The match below reads the mark as it was.)
+            self.inner.held().set_release_sent(path, true);
+            // The path holds a uuid of this client's own attempt, and lock
+            // nodes are never written (version 0): a node still there is
+            // this holding, so no read is needed before the delete.
+            let r = timed("delete", self.op(), s.client.delete(path, Some(0))).await?;
+            let forget = || self.inner.held().remove(path);
+            let released = || {
+                if let Some((path, _)) = forget() {
+                    self.inner.remember(path, Gone::Released);
+                }
+                Ok(())
+            };
+            // A failed request keeps the holding: the caller may retry.
+            return match r {
+                Ok(()) => {
+                    reset_if_worn(&s.client, path, self.op());
+                    released()
+                }
+                // Our earlier delete landed after all (or, as likely, the
+                // node went otherwise after it was sent: told apart by
+                // nothing the server keeps).
+                Err(Error::NoNode) if release_sent => released(),
+                Err(Error::NoNode | Error::BadVersion) => {
+                    forget();
+                    Err(lost())
+                }
+                Err(e) => {
+                    if !outcome_unknown(&e) {
+                        // Refused: this delete did not land.
+                        self.inner.held().set_release_sent(path, release_sent);
+                    }
+                    Err(from_zk(&format!("deleting {path}"), e))
+                }
+            };
+        }
+        match self.inner.gone(path) {
+            Some(Gone::Released) => Ok(()),
+            Some(Gone::Expired { pzxid: Some(then) }) => {
+                let s = self.any_session().await?;
+                match self.dir_pzxid(&s, dir).await {
+                    Some((now, 0)) if now == then => Ok(()),
+                    _ => Err(lost()),
+                }
+            }
+            _ => Err(lost()),
+        }
+    }
+}
+
 #[async_trait]
 impl LockBackend for ZkBackend {
     /// Creates a node and keeps it only if it is first in line.
@@ -1088,7 +1165,10 @@ impl LockBackend for ZkBackend {
             wait: Duration::ZERO,
             ..req.clone()
         };
-        self.inner.space.stamp(self.contend(&one).await)
+        // The session, the node, the look at the queue and the node's
+        // removal when not first: one op_timeout for them all.
+        let won = lock_core::call::within(self.op(), self.contend(&one)).await;
+        self.inner.space.stamp(won)
     }
 
     /// Queues a node and waits for the predecessor's deletion (a watch on
@@ -1107,6 +1187,10 @@ impl LockBackend for ZkBackend {
             match self.contend(&pass).await {
                 Err(e) if e.is_retryable() && Instant::now() < deadline => {
                     pacer.pause_until(deadline).await;
+                    // No pass starts after the wait.
+                    if Instant::now() >= deadline {
+                        return Err(e);
+                    }
                 }
                 other => return self.inner.space.stamp(other),
             }
@@ -1177,67 +1261,9 @@ impl LockBackend for ZkBackend {
     /// the lease's TTL.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
         self.inner.space.check(lease)?;
-        let lost = || LockError::Lost {
-            name: lease.name().to_string(),
-        };
-        let path = lease.backend_key().ok_or_else(lost)?;
-        let dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or_default();
-        if let Some((s, _, release_sent)) = self.held_session(lease, path) {
-            if s.ended.is_cancelled() {
-                // The session ended: its nodes went with it, ours too
-                // (unless our earlier delete got there first).
-                self.inner.held().remove(path);
-                return if release_sent { Ok(()) } else { Err(lost()) };
-            }
-            // Marked before the delete leaves: if this future is dropped
-            // after it did, a retried release that finds no node is this
-            // one, not a loss. (The match below reads the mark as it was.)
-            self.inner.held().set_release_sent(path, true);
-            // The path holds a uuid of this client's own attempt, and lock
-            // nodes are never written (version 0): a node still there is
-            // this holding, so no read is needed before the delete.
-            let r = timed("delete", self.op(), s.client.delete(path, Some(0))).await?;
-            let forget = || self.inner.held().remove(path);
-            let released = || {
-                if let Some((path, _)) = forget() {
-                    self.inner.remember(path, Gone::Released);
-                }
-                Ok(())
-            };
-            // A failed request keeps the holding: the caller may retry.
-            return match r {
-                Ok(()) => {
-                    reset_if_worn(&s.client, path, self.op());
-                    released()
-                }
-                // Our earlier delete landed after all (or, as likely, the
-                // node went otherwise after it was sent: told apart by
-                // nothing the server keeps).
-                Err(Error::NoNode) if release_sent => released(),
-                Err(Error::NoNode | Error::BadVersion) => {
-                    forget();
-                    Err(lost())
-                }
-                Err(e) => {
-                    if !outcome_unknown(&e) {
-                        // Refused: this delete did not land.
-                        self.inner.held().set_release_sent(path, release_sent);
-                    }
-                    Err(from_zk(&format!("deleting {path}"), e))
-                }
-            };
-        }
-        match self.inner.gone(path) {
-            Some(Gone::Released) => Ok(()),
-            Some(Gone::Expired { pzxid: Some(then) }) => {
-                let s = self.any_session().await?;
-                match self.dir_pzxid(&s, dir).await {
-                    Some((now, 0)) if now == then => Ok(()),
-                    _ => Err(lost()),
-                }
-            }
-            _ => Err(lost()),
-        }
+        // The delete and, for a lease past its session, the look at the
+        // directory: one op_timeout for them all.
+        lock_core::call::within(self.op(), self.release_now(lease)).await
     }
 
     /// The first node in line: its owner token (or, for a Curator holder,

@@ -70,14 +70,15 @@ pub(crate) fn again(e: &LockError) -> LockError {
     }
 }
 
-/// Runs one request with the client's `op_timeout`: a server that does not
-/// answer gives a retryable error instead of a hang.
+/// Runs one request with the client's `op_timeout` (or what is left of the
+/// call's, see [`lock_core::call`]): a server that does not answer gives a
+/// retryable error instead of a hang.
 pub(crate) async fn timed<T, E>(
     what: &str,
     limit: Duration,
     fut: impl Future<Output = Result<T, E>>,
 ) -> Result<Result<T, E>, LockError> {
-    tokio::time::timeout(limit, fut)
+    tokio::time::timeout_at(lock_core::call::request_deadline(limit), fut)
         .await
         .map_err(|_| LockError::transient(BACKEND, format!("{what}: no answer within {limit:?}")))
 }

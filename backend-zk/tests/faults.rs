@@ -378,3 +378,53 @@ async fn a_release_retried_after_a_dropped_one_landed_is_ok() {
         .await
         .expect("the retried release is the dropped one's, not a loss");
 }
+
+/// A `try_acquire` of a held name makes requests in a row (the node, the
+/// look at the queue, the node's removal): on a link so slow that each
+/// takes about half the op timeout, it still answers within one op timeout
+/// in all, and the node it left is removed in the background, so nobody
+/// waits behind it once the holder releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_acquire_chaining_requests_answers_within_one_op_timeout() {
+    let server = common::server();
+    let proxy = Proxy::start(server.addr()).expect("proxy");
+    let op_timeout = Duration::from_secs(3);
+    let slow = ZkBackend::connect(&format!("zk://{}?op_timeout=3s", proxy.addr()))
+        .await
+        .expect("connect");
+    let direct = common::client().await;
+    let ttl = Duration::from_secs(30);
+    // The slow client's session (of this TTL) is open before the delay.
+    let warm = common::try_take(&slow, &common::unique("chained-warm"), ttl)
+        .await
+        .expect("free");
+    slow.release(&warm).await.unwrap();
+    let name = common::unique("chained");
+    let held = common::try_take(&direct, &name, ttl).await.expect("free");
+    // Each request's round trip: 1.4 s of the 3 s.
+    proxy.set_mode(Mode::Delay(Duration::from_millis(700)));
+    let started = Instant::now();
+    let r = slow
+        .try_acquire(&common::req(&name, ttl, Duration::ZERO))
+        .await;
+    let took = started.elapsed();
+    proxy.set_mode(Mode::Pass);
+    assert!(
+        took <= op_timeout + Duration::from_millis(700),
+        "try_acquire answered after {took:?} with a {op_timeout:?} op timeout: {r:?}"
+    );
+    assert!(!matches!(r, Ok(Some(_))), "a held lock was granted: {r:?}");
+    direct.release(&held).await.unwrap();
+    let started = Instant::now();
+    loop {
+        if let Some(next) = common::try_take(&direct, &name, ttl).await {
+            direct.release(&next).await.unwrap();
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the slow client's node was never removed"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+}
