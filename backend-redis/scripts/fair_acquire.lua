@@ -45,7 +45,7 @@ end
 local handed = redis.call('HGET', KEYS[2], 'granted') == id
 local r = wrong_kind()
 if not r and (handed or ARGV[10] == '1') then
-  r = recover((not handed) and ARGV[12] or nil)
+  r = recover((not handed) and ARGV[12] or nil, ARGV[12])
 end
 if r then
   if any_queued and not r.err then

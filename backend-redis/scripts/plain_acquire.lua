@@ -16,7 +16,7 @@ local r = grant(ARGV[5])
 if r then
   return r
 end
-r = wrong_kind() or (ARGV[4] == '1' and recover(ARGV[5]) or nil)
+r = wrong_kind() or (ARGV[4] == '1' and recover(ARGV[5], ARGV[5]) or nil)
 if r then
   return r
 end

@@ -83,12 +83,15 @@ end
 -- nil. `attempt` (the unanswered attempt's id, which the retry carries)
 -- must have made that grant; nil when the grant is known to be this
 -- waiter's otherwise (a fair-mode hand-over's `granted` mark names it).
-local function recover(attempt)
+-- The grant is then recorded as `claimer`'s (this attempt's id), so that
+-- its own retry or undo, should this answer be lost too, recognises it.
+local function recover(attempt, claimer)
   if redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('HGET', KEYS[2], 'owner') == ARGV[1]
     and (attempt == nil or redis.call('HGET', KEYS[2], 'attempt') == attempt) then
     local fence = redis.call('HGET', KEYS[2], 'fence')
     if fence then
       redis.call('PEXPIRE', KEYS[1], ARGV[2])
+      redis.call('HSET', KEYS[2], 'attempt', claimer)
       -- Claimed: a fair waiter's late leave must not free it any more.
       redis.call('HDEL', KEYS[2], 'granted')
       describe()

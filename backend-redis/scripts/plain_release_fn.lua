@@ -10,10 +10,15 @@
 -- A counter behind our token is a Redlock node that missed the write-back
 -- of the quorum's token; what it holds is judged by the owner alone.
 --
+-- `attempt`, when given (not nil or ''), releases only a grant that
+-- attempt made (the bookkeeping hash's `attempt`, plain_grant.lua): the
+-- undo of a cancelled retry, whose owner token may also be another
+-- acquisition's.
+--
 -- Returns 1 released, 0 nothing to release (it expired or was removed, and
 -- nobody was granted it since), -1 lost: someone else holds it (left
 -- untouched) or was granted it after us (the counter moved on).
-local function release(wake)
+local function release(wake, attempt)
   local holder = redis.call('GET', KEYS[1])
   if compare_counters(redis.call('HGET', KEYS[2], 'fence') or '0', ARGV[2]) > 0 then
     return -1
@@ -22,6 +27,9 @@ local function release(wake)
     return 0
   end
   if holder ~= ARGV[1] then
+    return -1
+  end
+  if attempt and attempt ~= '' and redis.call('HGET', KEYS[2], 'attempt') ~= attempt then
     return -1
   end
   redis.call('DEL', KEYS[1])

@@ -217,10 +217,12 @@ const MAX_UNANSWERED: usize = 4096;
 /// retry's script:
 /// if the retry took the lock, the release frees it (and wakes the
 /// waiters, or in fair mode hands the lock on); if not, it changes nothing.
-/// Its fencing token is the highest there is, so the counter check passes
-/// and the owner decides: each acquisition's owner token is its own, and an
-/// [`lock_core::Owner`]'s next acquisition of the name waits for the retry's
-/// turn, which the release keeps until it is answered.
+/// Its fencing token is the highest there is, so the counter check passes,
+/// and the owner and the attempt decide: it frees only a grant the retry's
+/// attempt made (its id, kept with the unanswered mark), never another
+/// acquisition's under the same owner token (one [`lock_core::Owner`] on two
+/// clients). An Owner's next acquisition of the name on this client waits
+/// for the retry's turn, which the release keeps until it is answered.
 struct RetryInFlight<'a> {
     backend: &'a RedisBackend,
     req: &'a AcquireRequest,
@@ -239,12 +241,28 @@ impl Drop for RetryInFlight<'_> {
         ) else {
             return;
         };
+        // The unanswered mark the retry left holds the id its grant (if
+        // any) carries; without a mark nothing of the retry was sent.
+        let attempt = self
+            .backend
+            .inner
+            .unanswered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(self.req.name.clone(), self.req.owner))
+            .cloned();
+        let Some(attempt) = attempt else {
+            return;
+        };
         let backend = self.backend.clone();
         let lease = self.req.lease(fence, self.req.ttl, Instant::now());
         let pinned = self.pinned.clone();
         rt.spawn(async move {
             let _turn = turn;
-            match backend.release_via(&lease, Some(&pinned)).await {
+            match backend
+                .release_via(&lease, Some(&pinned), Some(&attempt))
+                .await
+            {
                 // Released what the retry won, found nothing, or found
                 // someone else's lock (left untouched): all as it should be.
                 Ok(()) | Err(LockError::Lost { .. }) => {}
@@ -1095,7 +1113,12 @@ impl RedisBackend {
 
     /// [`release`](LockBackend::release), on `via`'s connection when given
     /// (see [`RetryInFlight`]).
-    async fn release_via(&self, lease: &Lease, via: Option<&Pinned>) -> Result<(), LockError> {
+    async fn release_via(
+        &self,
+        lease: &Lease,
+        via: Option<&Pinned>,
+        attempt: Option<&str>,
+    ) -> Result<(), LockError> {
         self.inner.space.check(lease)?;
         let keys = self.key_set(lease.name())?;
         let holder = self.inner.layout.holder(lease.owner());
@@ -1123,6 +1146,10 @@ impl RedisBackend {
                 .key(keys.queue_waiters())
                 .arg(keys.wake_prefix())
                 .arg(GRANT_FRESHNESS.as_millis() as u64);
+        }
+        if let Some(attempt) = attempt {
+            // Plain and fair only (a cancelled retry's undo).
+            inv.arg(attempt);
         }
         let sent = match via {
             Some(pinned) => self.inner.link.invoke_on(pinned, &inv).await,
@@ -1447,7 +1474,7 @@ impl LockBackend for RedisBackend {
     /// Cancel safe: a dropped release either happened or did not; the lock
     /// then expires at its TTL.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        self.release_via(lease, None).await
+        self.release_via(lease, None, None).await
     }
 
     /// One script reads the holder, its remaining TTL, the fencing

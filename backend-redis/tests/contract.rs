@@ -197,6 +197,92 @@ async fn an_unanswered_second_acquisition_takes_over_no_grant_of_the_same_client
     }
 }
 
+/// Scripts the server has run (`EVAL`/`EVALSHA` calls).
+async fn scripts_run(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(raw)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_eval"))
+        .filter_map(|l| l.split([':', ',']).find_map(|f| f.strip_prefix("calls=")))
+        .map(|v| v.parse::<u64>().unwrap())
+        .sum()
+}
+
+/// One owner waiting through a second client while the first holds: the
+/// wait is cancelled while its retry is on the way (the server ran it, the
+/// answer is still on the slow link). The undo the cancelled retry sends
+/// behind it must free only what that retry won, never the first client's
+/// live grant under the same owner token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_retry_frees_no_other_clients_grant_of_the_same_owner() {
+    for query in ["", "?fair=true"] {
+        let (srv, first, mut raw) = server_and_clients(query).await;
+        let proxy = Proxy::start(srv.addr()).unwrap();
+        let sep = if query.is_empty() { "?" } else { "&" };
+        let second = common::backend(&format!(
+            "redis://127.0.0.1:{}/0{query}{sep}op_timeout=5s",
+            proxy.port()
+        ))
+        .await;
+        let n = name("contract/cancelled-retry");
+        let owner = OwnerToken::random();
+        let request = |wait| {
+            let mut r =
+                AcquireRequest::new(n.clone(), owner, Duration::from_secs(30), wait).unwrap();
+            // Retries follow one another closely.
+            r.retry = Some(lock_core::wait::Backoff {
+                initial: Duration::from_millis(5),
+                max: Duration::from_millis(5),
+            });
+            r
+        };
+        let held = first
+            .try_acquire(&request(Duration::ZERO))
+            .await
+            .unwrap()
+            .expect("the first client takes it");
+        // The second client's connection and scripts are ready.
+        assert!(second
+            .try_acquire(&request(Duration::ZERO))
+            .await
+            .unwrap()
+            .is_none());
+        proxy.set_mode(Mode::Delay(Duration::from_millis(300)));
+        let before = scripts_run(&mut raw).await;
+        let waiting = tokio::spawn({
+            let (second, req) = (second.clone(), request(Duration::from_secs(30)));
+            async move { second.acquire(&req).await }
+        });
+        // The first attempt, then a retry, ran on the server: the retry's
+        // answer is still on its way when the wait is cancelled.
+        let started = Instant::now();
+        while scripts_run(&mut raw).await < before + 2 {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{query}: no retry ran"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        waiting.abort();
+        // The undo follows the retry on its connection, through the delay.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        proxy.set_mode(Mode::Pass);
+        let holder: Option<String> = raw.get(n.as_str()).await.unwrap();
+        assert!(
+            holder.is_some(),
+            "{query}: the cancelled retry's undo freed the first client's grant"
+        );
+        first
+            .renew(&held)
+            .await
+            .unwrap_or_else(|e| panic!("{query}: the first holding: {e}"));
+        first.release(&held).await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redisson_retry_takes_back_its_unanswered_grant_without_a_second_hold() {
     let (srv, ours, mut raw) = server_and_clients("?format=redisson").await;
