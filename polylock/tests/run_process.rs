@@ -669,6 +669,30 @@ fn ctrl_z_in_an_orphaned_session_does_not_leave_the_command_stopped() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
 }
 
+/// polylock run from a script, which waits for it in the same process
+/// group: the command still gets the terminal (the script is no pipeline
+/// peer), reads it, and a Ctrl-Z stops the script too, so the shell
+/// reports the job stopped and `fg` continues all of it.
+#[test]
+fn from_a_script_the_command_reads_the_terminal_and_the_whole_job_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_polylock");
+    let mut shell = Shell::start(dir.path());
+    shell.type_in(&format!(
+        "bash -c '{bin} run --ttl 30s scripted -- sh -c \"echo ST\"\"ARTED; read x; echo GOT\\$x; \
+         sleep 3; echo FIN\"\"ISHED\"; echo AF\"\"TER'\n"
+    ));
+    shell.wait_for("STARTED", 1);
+    shell.type_in("hello\n");
+    shell.wait_for("GOThello", 1);
+    shell.type_in("\x1a");
+    shell.wait_for("Stopped", 1);
+    shell.type_in("fg\n");
+    shell.wait_for("FINISHED", 1);
+    shell.wait_for("AFTER", 1);
+    shell.type_in("exit\n");
+}
+
 /// After a forwarded signal the lock is kept while the command's group
 /// drains; a second signal kills the group at once, rather than waiting
 /// for the lease's deadline (an hour here).

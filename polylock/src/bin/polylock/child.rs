@@ -4,7 +4,8 @@
 //! signal reach it exactly once: a signal sent to polylock's group (a shell's
 //! `kill -INT -PGID`, a supervisor stopping the job) reaches only polylock,
 //! which forwards one copy to the command's group. When polylock runs in the
-//! foreground of its controlling terminal, alone in its process group, the
+//! foreground of its controlling terminal with no peer in its process group
+//! (its own ancestors, a script waiting for it, do not count), the
 //! terminal is handed to the command's group (as a shell does for a job), so
 //! a Ctrl-C goes to the command directly and polylock, which no longer gets
 //! it, forwards nothing: still one copy. The command can read the terminal as
@@ -17,8 +18,8 @@
 //! the job must stop and continue as a whole:
 //! - a terminal's stop of the command's group (Ctrl-Z while it owns the
 //!   terminal, a background read or write of the terminal) stops polylock
-//!   too, once it took the terminal back, so the shell reports the job
-//!   stopped;
+//!   too, once it took the terminal back, and the rest of polylock's group
+//!   (a script waiting for it), so the shell reports the job stopped;
 //! - a SIGTSTP to polylock (Ctrl-Z while its group owns the terminal, a
 //!   `kill -TSTP`) stops the command's group before polylock stops;
 //! - when polylock is continued (`fg`, `bg`) it continues the command, in
@@ -59,8 +60,8 @@ pub(crate) struct Spawned {
     group: Pid,
     /// polylock's controlling terminal (`/dev/tty`), if it has one.
     tty: Option<File>,
-    /// Whether the terminal may be handed to the command: polylock is alone
-    /// in its process group.
+    /// Whether the terminal may be handed to the command: no peer shares
+    /// polylock's process group.
     may_hand: bool,
     /// Set while the command's group owns the terminal (handed by
     /// polylock), which must be taken back when it ends or stops.
@@ -82,7 +83,7 @@ pub(crate) fn spawn(
     ignore_ttou();
     // No terminal when there is no controlling one (ENXIO).
     let tty = File::options().read(true).write(true).open("/dev/tty").ok();
-    let may_hand = alone_in_group();
+    let may_hand = !peers_in_group();
     // Only a foreground polylock may give the terminal away; in the
     // background (or with no terminal) the command stays a background job,
     // as polylock itself was.
@@ -229,6 +230,13 @@ impl Spawned {
         }
         self.restore_terminal();
         self.suspended = true;
+        // The rest of polylock's group (a script waiting for it, a
+        // pipeline's peers) stops as the shell's job: one by one, since a
+        // SIGTSTP to polylock itself would come back as a stop request.
+        let (me, group) = (getpid().as_raw(), getpgrp().as_raw());
+        for p in processes().filter(|p| p.pgrp == group && p.pid != me) {
+            let _ = kill(Pid::from_raw(p.pid), Signal::SIGTSTP);
+        }
         // SIGTSTP is polylock's own to handle (it got here so), so stop
         // with SIGSTOP; the shell sees the job stopped all the same.
         if let Err(e) = kill(getpid(), Signal::SIGSTOP) {
@@ -284,10 +292,23 @@ fn set_foreground(tty: &File, group: Pid) -> nix::Result<()> {
     set
 }
 
-/// Whether polylock is the only live process of its process group.
-fn alone_in_group() -> bool {
+/// Whether a live process of polylock's process group is neither polylock
+/// nor one of its ancestors: a pipeline's other member, which handing the
+/// terminal away would turn into a background group.
+fn peers_in_group() -> bool {
     let (me, group) = (getpid().as_raw(), getpgrp().as_raw());
-    !processes().any(|p| p.pgrp == group && p.pid != me)
+    let all: Vec<Proc> = processes().collect();
+    let mut ancestors = vec![me];
+    let mut at = me;
+    while let Some(parent) = all.iter().find(|p| p.pid == at).map(|p| p.ppid) {
+        if parent <= 1 || ancestors.contains(&parent) {
+            break;
+        }
+        ancestors.push(parent);
+        at = parent;
+    }
+    all.iter()
+        .any(|p| p.pgrp == group && !ancestors.contains(&p.pid))
 }
 
 /// Whether polylock's process group is orphaned: no member has a parent in

@@ -260,12 +260,15 @@ pub(crate) async fn run(
     command: &[OsString],
 ) -> Result<u8, Failure> {
     let mut signals = Signals::new()?;
-    let mut job = JobSignals::new()?;
     check_ttl(Some(&locker.guarantees()), args.ttl)?;
     let guard = match take(locker, args, &mut signals).await? {
         Ok(g) => g,
         Err(code) => return Ok(code),
     };
+    // Only now: while it waits for the lock, polylock stops on Ctrl-Z as
+    // any program does (it holds nothing yet), and that stop request is
+    // not left over for the job once the command runs.
+    let mut job = JobSignals::new()?;
     let name = &args.name;
     // SIGTERM + grace must fit between the missed renewal (a third of the
     // TTL after the last one) and the deadline.
