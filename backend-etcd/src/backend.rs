@@ -777,6 +777,11 @@ impl LockBackend for EtcdBackend {
             let Ok(slot) = timeout_at(deadline, self.inner.slots.take(&req.name)).await else {
                 return Ok(None);
             };
+            // A slot free at the deadline comes back all the same: no
+            // attempt starts after the wait.
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
             match self.attempt(req, slot, Some(deadline)).await {
                 // A failed attempt cleans up its claim in the background and
                 // holds the slot until then, so the retry waits for that.

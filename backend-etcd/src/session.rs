@@ -151,7 +151,10 @@ impl Session {
         let sent = Instant::now();
         let asked = i64::try_from(secs).unwrap_or(i64::MAX);
         let (id, granted) = conn.grant(asked).await?;
-        let ttl = Duration::from_secs(u64::try_from(granted.max(1)).unwrap_or(1));
+        // Capped: a TTL no lock can ask for is a broken answer, and would
+        // overflow the deadlines computed from it.
+        let ttl =
+            Duration::from_secs(u64::try_from(granted.max(1)).unwrap_or(1)).min(lock_core::MAX_TTL);
         let session = Arc::new(Session {
             id,
             asked_secs: secs,
@@ -573,7 +576,11 @@ impl Session {
                         watching_from = None;
                         Ok(())
                     }
-                    Ok(_) => Err(true),
+                    // Gone (etcd answers -1). A live lease with less than a
+                    // second left answers 0 (whole seconds, truncated):
+                    // asked again after a pause, or the keepalive decides.
+                    Ok(r) if r.ttl() < 0 => Err(true),
+                    Ok(_) => Err(false),
                     Err(e) if lease_gone(&e) => Err(true),
                     Err(_) => Err(false),
                 }
@@ -684,7 +691,8 @@ async fn exchange(conn: Conn, id: i64, stream: Option<KeepAlive>, limit: Duratio
                 }
                 match stream.message().await {
                     Ok(Some(r)) if r.ttl() > 0 => {
-                        let ttl = Duration::from_secs(r.ttl().unsigned_abs());
+                        let ttl =
+                            Duration::from_secs(r.ttl().unsigned_abs()).min(lock_core::MAX_TTL);
                         Exchange::Alive(Some(ttl), Box::new((keeper, stream)))
                     }
                     Ok(Some(_)) => Exchange::Gone,
