@@ -8,8 +8,8 @@
 -- the queue (or stay in it, with a later deadline) when not granted, '0' to
 -- only try; ARGV[6] the entry's lifetime in milliseconds; ARGV[7] the
 -- prefix of the waiters' wake channels; ARGV[8] the release channel;
--- ARGV[9] as ARGV[5] of fair_release.lua; ARGV[10] '1' when an earlier
--- attempt of this owner went unanswered; ARGV[11] how long (ms) a release
+-- ARGV[9] as ARGV[5] of fair_release.lua; ARGV[10] '1' to take over this
+-- attempt's own grant (as ARGV[4] of plain_acquire.lua); ARGV[11] how long (ms) a release
 -- that hands the lock to this waiter grants it for: a claim window, at most
 -- ARGV[2], which the waiter's first renewal extends to ARGV[2]; ARGV[12]
 -- the attempt's id (see plain_grant.lua).
@@ -39,9 +39,8 @@ if first == nil or first == id then
   end
 end
 -- Our token on the lock is ours to take over only when a release handed it
--- to this very waiter (the `granted` mark names it), or when an earlier
--- attempt of this owner on this client went unanswered (ARGV[10] '1'): see
--- plain_acquire.lua.
+-- to this very waiter (the `granted` mark names it), or when this attempt
+-- made it (ARGV[10] '1' and its id ARGV[12]): see plain_acquire.lua.
 local handed = redis.call('HGET', KEYS[2], 'granted') == id
 local r = wrong_kind()
 if not r and (handed or ARGV[10] == '1') then

@@ -537,16 +537,20 @@ impl RedisBackend {
                 .arg(keys.wake_prefix())
                 .arg(keys.channel())
                 .arg(GRANT_FRESHNESS.as_millis() as u64)
-                .arg(u8::from(recover))
+                .arg(1)
                 .arg(ttl_ms.min(GRANT_CLAIM.as_millis() as u64))
                 .arg(&attempt_id),
-            // The plain format recognises its own grant by value, taken
-            // over only after an unanswered attempt (plain_acquire.lua).
+            // A grant under our token is taken over only when it carries
+            // this attempt's id (plain_acquire.lua), which no other grant
+            // does: it is this attempt's own, from an earlier unanswered
+            // attempt whose id this one reuses, or from a send the driver
+            // repeated after a broken connection (which would otherwise
+            // find its own grant held). So the takeover is always asked for.
             (Format::Plain, None) => inv
                 .arg(&holder)
                 .arg(ttl_ms)
                 .arg(&meta)
-                .arg(u8::from(recover))
+                .arg(1)
                 .arg(&attempt_id),
             (Format::Redisson, _) => inv
                 .key(keys.bookkeeping())
