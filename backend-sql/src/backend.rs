@@ -950,7 +950,6 @@ impl Row {
     }
 }
 
-/// An acquire attempt in flight; see [`SqlBackend::try_acquire`].
 /// A fresh grant id: 16 random hex digits.
 fn new_grant_id() -> String {
     format!(
@@ -960,6 +959,7 @@ fn new_grant_id() -> String {
     )
 }
 
+/// An acquire attempt in flight; see [`SqlBackend::try_acquire`].
 struct Pending<'a> {
     backend: &'a SqlBackend,
     attempt: (LockName, OwnerToken),
@@ -1246,7 +1246,7 @@ impl LockBackend for SqlBackend {
     /// the row with nobody told. The next attempt of this client for the
     /// same name and owner (the retry of a waiting acquire, or the caller's
     /// own) therefore also takes a live row held under its own owner and
-    /// granted by this client, so it does not wait a TTL for its own
+    /// written by that attempt, so it does not wait a TTL for its own
     /// orphan. The version goes up as for any grant, so the orphan's
     /// holding is superseded. Only that attempt's row is taken back: each
     /// grant carries the id of the attempt that wrote it (`grant_id`), and
@@ -1257,10 +1257,11 @@ impl LockBackend for SqlBackend {
     /// The same owner may also be a second acquisition (an explicit
     /// [`Owner`](lock_core::Owner) taking the name again while the retry
     /// of its cancelled wait still runs in its own task): that one must
-    /// never take back the other's live row. So this client sends one
-    /// acquire per name and owner at a time, and decides whether to take
-    /// back only in its turn: an answered grant in between settles the
-    /// unsure attempt, and the next statement is the plain acquire.
+    /// never take back the other's live row: its row carries another id.
+    /// This client also sends one acquire per name and owner at a time,
+    /// and decides whether to take back only in its turn: an answered
+    /// grant in between settles the unsure attempt, and the next statement
+    /// is the plain acquire with a fresh id.
     ///
     /// # Cancel safety
     /// Not cancel safe: if dropped after the statement was sent, the row may
