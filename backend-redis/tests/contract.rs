@@ -101,99 +101,68 @@ async fn a_retry_recognises_its_own_orphaned_grant() {
     assert!(ours.inspect(&n).await.unwrap().is_none());
 }
 
-/// One owner token on two clients (one `lock_core::Owner` used with two
-/// lockers): the second client's unanswered attempt (refused on the
-/// server, its answer lost) must not let its next attempt take over the
-/// first client's grant, which carries the same token. In both modes of
-/// the plain format.
+/// One owner token, a grant held: a second acquisition's attempt is
+/// refused on the server and its answer lost; its next attempt must not
+/// take over the held grant, which carries the same token. The second
+/// acquisition comes through another client (one `lock_core::Owner` used
+/// with two lockers) or through the same client (the retry carries its own
+/// attempt's id, which the held grant does not). In both modes of the
+/// plain format.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unanswered_attempt_takes_over_no_other_clients_grant() {
+async fn an_unanswered_attempt_takes_over_no_grant_of_the_same_owner() {
     for query in ["", "&fair=true"] {
-        let srv = common::server();
-        let proxy = Proxy::start(srv.addr()).unwrap();
-        let first = common::backend(&format!("{}?op_timeout=300ms{query}", srv.url())).await;
-        let second = common::backend(&format!(
-            "redis://127.0.0.1:{}/0?op_timeout=300ms{query}",
-            proxy.port()
-        ))
-        .await;
-        let n = name("contract/shared-owner");
-        let request = AcquireRequest::new(
-            n.clone(),
-            OwnerToken::random(),
-            Duration::from_secs(30),
-            Duration::ZERO,
-        )
-        .unwrap();
-        let held = first
-            .try_acquire(&request)
-            .await
-            .unwrap()
-            .expect("the first client takes it");
-        // Opens the second client's connection while the network is fast.
-        assert!(second.inspect(&n).await.unwrap().is_some());
-        proxy.set_mode(Mode::Delay(Duration::from_millis(500)));
-        let lost_answer = second.try_acquire(&request).await;
-        assert!(
-            lost_answer.as_ref().is_err_and(|e| e.is_retryable()),
-            "{query}: {lost_answer:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(1200)).await;
-        proxy.set_mode(Mode::Pass);
-        let again = second.try_acquire(&request).await.unwrap();
-        assert!(
-            again.is_none(),
-            "{query}: the second client took over the first client's grant: {again:?}"
-        );
-        first.release(&held).await.unwrap();
-    }
-}
-
-/// One owner acquiring a name twice through one client: the second
-/// acquisition's attempt gets no answer, and its retry must not take over
-/// the first acquisition's live grant (the retry carries its own attempt's
-/// id, which that grant does not).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unanswered_second_acquisition_takes_over_no_grant_of_the_same_client() {
-    for query in ["", "&fair=true"] {
-        let srv = common::server();
-        let proxy = Proxy::start(srv.addr()).unwrap();
-        let client = common::backend(&format!(
-            "redis://127.0.0.1:{}/0?op_timeout=300ms{query}",
-            proxy.port()
-        ))
-        .await;
-        let n = name("contract/same-client-owner");
-        let request = AcquireRequest::new(
-            n.clone(),
-            OwnerToken::random(),
-            Duration::from_secs(30),
-            Duration::ZERO,
-        )
-        .unwrap();
-        let held = client
-            .try_acquire(&request)
-            .await
-            .unwrap()
-            .expect("the first acquisition takes it");
-        proxy.set_mode(Mode::Delay(Duration::from_millis(500)));
-        let lost_answer = client.try_acquire(&request).await;
-        assert!(
-            lost_answer.as_ref().is_err_and(|e| e.is_retryable()),
-            "{query}: {lost_answer:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(1200)).await;
-        proxy.set_mode(Mode::Pass);
-        let again = client.try_acquire(&request).await.unwrap();
-        assert!(
-            again.is_none(),
-            "{query}: the second acquisition took over the first one's grant: {again:?}"
-        );
-        client
-            .renew(&held)
-            .await
-            .unwrap_or_else(|e| panic!("{query}: the first holding: {e}"));
-        client.release(&held).await.unwrap();
+        for same_client in [false, true] {
+            let case = if same_client {
+                "same client"
+            } else {
+                "other client"
+            };
+            let srv = common::server();
+            let proxy = Proxy::start(srv.addr()).unwrap();
+            let second = common::backend(&format!(
+                "redis://127.0.0.1:{}/0?op_timeout=300ms{query}",
+                proxy.port()
+            ))
+            .await;
+            let first = if same_client {
+                second.clone()
+            } else {
+                common::backend(&format!("{}?op_timeout=300ms{query}", srv.url())).await
+            };
+            let n = name("contract/shared-owner");
+            let request = AcquireRequest::new(
+                n.clone(),
+                OwnerToken::random(),
+                Duration::from_secs(30),
+                Duration::ZERO,
+            )
+            .unwrap();
+            let held = first
+                .try_acquire(&request)
+                .await
+                .unwrap()
+                .expect("the first acquisition takes it");
+            // Opens the second client's connection while the network is fast.
+            assert!(second.inspect(&n).await.unwrap().is_some());
+            proxy.set_mode(Mode::Delay(Duration::from_millis(500)));
+            let lost_answer = second.try_acquire(&request).await;
+            assert!(
+                lost_answer.as_ref().is_err_and(|e| e.is_retryable()),
+                "{query} {case}: {lost_answer:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(1200)).await;
+            proxy.set_mode(Mode::Pass);
+            let again = second.try_acquire(&request).await.unwrap();
+            assert!(
+                again.is_none(),
+                "{query} {case}: the second acquisition took over the held grant: {again:?}"
+            );
+            first
+                .renew(&held)
+                .await
+                .unwrap_or_else(|e| panic!("{query} {case}: the first holding: {e}"));
+            first.release(&held).await.unwrap();
+        }
     }
 }
 

@@ -293,6 +293,67 @@ pub(crate) async fn calls_answer_in_time_when_the_service_is_cut_off(ctx: &Ctx<'
     holder.release(&theirs).await.expect("release");
 }
 
+/// A `try_acquire` that chains requests (a session or claim, a queue read,
+/// the removal of a refused claim) answers within one `op_timeout` as a
+/// whole on a slow link where each request answers well within it: the
+/// timeout bounds the call, not each request. The name is held, so the
+/// call gets no lock, and whatever it left on the server goes by itself:
+/// once the holder releases, another client takes the name.
+///
+/// Where the fixture has no network to slow down, the same call on a
+/// healthy client is held to the same bounds.
+pub(crate) async fn a_try_acquire_on_a_slow_link_answers_within_one_op_timeout(ctx: &Ctx<'_>) {
+    let name = ctx.name("slow-link");
+    let ttl = ctx.ttl(Duration::from_secs(30));
+    let op_timeout = Duration::from_secs(3);
+    // Each round trip: 1.4 s, so two fit in the op_timeout and three not.
+    let delay = Duration::from_millis(700);
+    let holder = ctx.client().await;
+    let proxied = ctx
+        .fixture()
+        .client_through_proxy(op_timeout)
+        .await
+        .unwrap_or_else(|e| panic!("proxied client: {e}"));
+    let (client, link) = match proxied {
+        Some((client, link)) => (client, Some(link)),
+        None => (ctx.client().await, None),
+    };
+    // Connections and sessions of this TTL ready while the link is fast.
+    let warm = raw_try(&client, &ctx.name("slow-link-warm"), ttl)
+        .await
+        .expect("free");
+    client.release(&warm).await.expect("release");
+    let held = raw_try(&holder, &name, ttl).await.expect("free");
+    if let Some(link) = &link {
+        link.set_mode(Mode::Delay(delay));
+    }
+    let request = AcquireRequest::new(name.clone(), OwnerToken::random(), ttl, Duration::ZERO)
+        .expect("request");
+    let (r, took) = timed(client.try_acquire(&request)).await;
+    if let Some(link) = &link {
+        link.set_mode(Mode::Pass);
+    }
+    assert!(!matches!(r, Ok(Some(_))), "a held lock was granted: {r:?}");
+    assert!(
+        took <= op_timeout + delay,
+        "try_acquire answered after {took:?} with a {op_timeout:?} op_timeout: {r:?}"
+    );
+    holder.release(&held).await.expect("release");
+    let started = Instant::now();
+    loop {
+        if let Some(next) = raw_try(&holder, &name, ttl).await {
+            holder.release(&next).await.expect("release");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the slow client's refused attempt kept the lock taken"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(link);
+}
+
 /// What `f` returned and how long it took.
 async fn timed<T>(f: impl std::future::Future<Output = T>) -> (T, Duration) {
     let started = Instant::now();

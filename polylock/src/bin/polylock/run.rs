@@ -83,18 +83,22 @@ struct Signals {
     hup: tokio::signal::unix::Signal,
 }
 
+/// Starts listening to `kind`, the failure a [`Failure`] of its own.
+fn listen(kind: SignalKind) -> Result<tokio::signal::unix::Signal, Failure> {
+    signal(kind).map_err(|e| {
+        Failure::new(
+            exit::BACKEND,
+            format!("cannot install signal handlers: {e}"),
+        )
+    })
+}
+
 impl Signals {
     fn new() -> Result<Self, Failure> {
-        let fail = |e: std::io::Error| {
-            Failure::new(
-                exit::BACKEND,
-                format!("cannot install signal handlers: {e}"),
-            )
-        };
         Ok(Signals {
-            int: signal(SignalKind::interrupt()).map_err(fail)?,
-            term: signal(SignalKind::terminate()).map_err(fail)?,
-            hup: signal(SignalKind::hangup()).map_err(fail)?,
+            int: listen(SignalKind::interrupt())?,
+            term: listen(SignalKind::terminate())?,
+            hup: listen(SignalKind::hangup())?,
         })
     }
 
@@ -120,16 +124,10 @@ struct JobSignals {
 
 impl JobSignals {
     fn new() -> Result<Self, Failure> {
-        let fail = |e: std::io::Error| {
-            Failure::new(
-                exit::BACKEND,
-                format!("cannot install signal handlers: {e}"),
-            )
-        };
         Ok(JobSignals {
-            child: signal(SignalKind::child()).map_err(fail)?,
-            tstp: signal(SignalKind::from_raw(Signal::SIGTSTP as i32)).map_err(fail)?,
-            cont: signal(SignalKind::from_raw(Signal::SIGCONT as i32)).map_err(fail)?,
+            child: listen(SignalKind::child())?,
+            tstp: listen(SignalKind::from_raw(Signal::SIGTSTP as i32))?,
+            cont: listen(SignalKind::from_raw(Signal::SIGCONT as i32))?,
         })
     }
 }
