@@ -10,8 +10,8 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use lock_core::wait::{Backoff, Pacer};
 use lock_core::{
-    AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Lease,
-    LockBackend, LockError, LockName, LockSpace, WaitMechanism,
+    AcquireRequest, ClockPolicy, ExpiryClock, FencingGuarantee, FencingToken, Guarantees,
+    HolderInfo, Lease, LockBackend, LockError, LockName, LockSpace, WaitMechanism,
 };
 use tokio::sync::Notify;
 use tokio::time::{sleep, sleep_until, Instant};
@@ -58,7 +58,54 @@ const REMEMBERED: usize = 4096;
 /// far below ZooKeeper's default `jute.maxbuffer` of 1 MiB.
 pub(crate) const RENEW_CHUNK: usize = 256;
 
-/// What this backend promises.
+/// The shortest TTL a client with this `follower_lag` grants (see
+/// [`ZkConfig`]'s "Ensembles"): with the lag taken off its deadline, a
+/// lease under the default [`ClockPolicy`] is still trusted for half its
+/// TTL, so that after the watchdog's renewal at a third of it a sixth is
+/// left for a retry. [`MIN_TTL`] for no lag; shorter TTLs are raised to it.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::ClockPolicy;
+/// let lag = Duration::from_secs(3);
+/// let min = backend_zk::min_ttl_for(lag);
+/// let lagged = ClockPolicy { margin: ClockPolicy::default().margin + lag, ..ClockPolicy::default() };
+/// assert!(lagged.trusted(min) >= min / 2);
+/// let shorter = min - Duration::from_millis(5);
+/// assert!(lagged.trusted(shorter) < shorter / 2);
+/// assert_eq!(backend_zk::min_ttl_for(Duration::ZERO), backend_zk::MIN_TTL);
+/// ```
+pub fn min_ttl_for(lag: Duration) -> Duration {
+    if lag.is_zero() {
+        return MIN_TTL;
+    }
+    let policy = lagged(ClockPolicy::default(), lag);
+    // trusted(ttl) = ttl * (1 - drift) - margin must reach ttl / 2.
+    let share = 1.0 - policy.drift - 0.5;
+    let at_least = policy.margin.as_secs_f64() / share;
+    // Whole milliseconds (what a session timeout is), rounded up.
+    let ms = (at_least * 1000.0).ceil() as u64;
+    Duration::from_millis(ms).max(MIN_TTL)
+}
+
+/// `policy` with `lag` taken off every deadline on top of its margin.
+fn lagged(policy: ClockPolicy, lag: Duration) -> ClockPolicy {
+    ClockPolicy {
+        margin: policy.margin.saturating_add(lag),
+        ..policy
+    }
+}
+
+/// What a client of `config` promises: [`guarantees`], with the shortest
+/// TTL its `follower_lag` leaves ([`min_ttl_for`]).
+pub fn guarantees_for(config: &ZkConfig) -> Guarantees {
+    let mut g = guarantees();
+    g.min_ttl = min_ttl_for(config.follower_lag);
+    g
+}
+
+/// What this backend promises (a client with no `follower_lag`: see
+/// [`guarantees_for`]).
 pub fn guarantees() -> Guarantees {
     let mut g = Guarantees::new(BACKEND);
     g.fencing = FencingGuarantee::Strict;
@@ -131,6 +178,8 @@ impl fmt::Debug for ZkBackend {
 
 struct Inner {
     config: ZkConfig,
+    /// [`guarantees_for`] the config, computed once.
+    guarantees: Guarantees,
     /// The lock space stamped on this client's leases; renew and release
     /// refuse another space's.
     space: LockSpace,
@@ -190,6 +239,7 @@ impl ZkBackend {
         ZkBackend {
             inner: Arc::new(Inner {
                 space: LockSpace::named(&["zookeeper", &config.chroot, &config.prefix]),
+                guarantees: guarantees_for(&config),
                 config,
                 sessions: Sessions::default(),
                 held: Mutex::default(),
@@ -225,11 +275,54 @@ impl ZkBackend {
     }
 
     async fn session(&self, ttl: Duration) -> Result<Arc<Session>, LockError> {
-        let c = &self.inner.config;
-        let timeout = c
+        self.inner
+            .sessions
+            .get(&self.inner.config, self.session_timeout(ttl))
+            .await
+    }
+
+    /// The session timeout asked for a lock of `ttl`.
+    fn session_timeout(&self, ttl: Duration) -> Duration {
+        self.inner
+            .config
             .session_timeout
-            .unwrap_or_else(|| guarantees().effective_ttl(ttl));
-        self.inner.sessions.get(c, timeout).await
+            .unwrap_or_else(|| self.inner.guarantees.effective_ttl(ttl))
+    }
+
+    /// `req` for one pass of this client: its deadlines lose the
+    /// `follower_lag`, and a TTL that leaves no renewal room then is
+    /// refused before any I/O.
+    fn lagged_request(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+    ) -> Result<AcquireRequest, LockError> {
+        let clock = lagged(req.clock, self.inner.config.follower_lag);
+        clock
+            .check_ttl(self.session_timeout(req.ttl))
+            .map_err(|e| self.lag_error(e))?;
+        Ok(AcquireRequest {
+            wait,
+            clock,
+            ..req.clone()
+        })
+    }
+
+    /// `e` ([`LockError::InvalidTtl`]) saying that the follower lag is
+    /// part of the margin.
+    fn lag_error(&self, e: LockError) -> LockError {
+        match e {
+            LockError::InvalidTtl { ttl, reason } if !self.inner.config.follower_lag.is_zero() => {
+                LockError::InvalidTtl {
+                    ttl,
+                    reason: format!(
+                        "{reason} (the margin includes this client's follower_lag of {:?})",
+                        self.inner.config.follower_lag
+                    ),
+                }
+            }
+            other => other,
+        }
     }
 
     /// The session for requests that hold nothing (inspect, force release,
@@ -622,6 +715,19 @@ impl ZkBackend {
         let data = owner_value(req.owner, req.meta.as_ref());
         loop {
             let s = self.session(req.ttl).await?;
+            // The server may negotiate less than asked.
+            req.clock.check_ttl(s.timeout()).map_err(|e| {
+                self.lag_error(match e {
+                    LockError::InvalidTtl { reason, .. } => LockError::InvalidTtl {
+                        ttl: req.ttl,
+                        reason: format!(
+                            "the server granted a session of {:?}: {reason}",
+                            s.timeout()
+                        ),
+                    },
+                    other => other,
+                })
+            })?;
             let (path, stat) = self.enter(&s, &dir, &data, answer_by).await?;
             let node = path.rsplit('/').next().unwrap_or_default().to_string();
             let mut ours = NodeGuard::new(&s, &path, self.op());
@@ -1161,10 +1267,7 @@ impl LockBackend for ZkBackend {
     /// Dropped after the create left, the node is deleted in the
     /// background (or goes with the session).
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
-        let one = AcquireRequest {
-            wait: Duration::ZERO,
-            ..req.clone()
-        };
+        let one = self.lagged_request(req, Duration::ZERO)?;
         // The session, the node, the look at the queue and the node's
         // removal when not first: one op_timeout for them all.
         let won = lock_core::call::within(self.op(), self.contend(&one)).await;
@@ -1180,7 +1283,7 @@ impl LockBackend for ZkBackend {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         let deadline = req.wait_deadline();
         // Each pass waits what is left of the one wait, not a fresh one.
-        let mut pass = req.clone();
+        let mut pass = self.lagged_request(req, req.wait)?;
         let mut pacer = Pacer::new(req.backoff_or(ERROR_BACKOFF));
         loop {
             pass.wait = deadline.saturating_duration_since(Instant::now());
@@ -1339,7 +1442,7 @@ impl LockBackend for ZkBackend {
     }
 
     fn guarantees(&self) -> Guarantees {
-        guarantees()
+        self.inner.guarantees.clone()
     }
 }
 

@@ -23,6 +23,7 @@
 //! | `op_timeout`      | 5s         | time for one request, then a retryable error |
 //! | `acl`             | `open`     | the ACL of every node this client creates: see [`ZkAcl`] |
 //! | `idle_timeout`    | 30s        | a session with no lock, no waiter and no request for this long is closed |
+//! | `follower_lag`    | 12s with several servers, else 0 | how much longer than the leader a cut-off follower may keep a session alive: taken off every lease's deadline (see below) |
 //!
 //! Durations follow [`lock_core::duration`]: `250ms`, `1.5s`, `2m`, `1h`,
 //! `1m30s`; a bare number is milliseconds.
@@ -33,6 +34,27 @@
 //! for and the server's negotiated timeout is the lease's TTL. With
 //! `session_timeout`, every lock uses that one session and the TTL asked for
 //! is ignored: the lease reports what the server negotiated.
+//!
+//! # Ensembles: `follower_lag`
+//! A renewal is a read, which the server the client is connected to
+//! answers by itself. A follower cut off from its leader keeps answering
+//! for `syncLimit` ticks before it gives the leader up, while the leader,
+//! which has not heard of the session since the cut, expires it one
+//! session timeout after that, and another client may take the lock. A
+//! deadline counted from such an answer would be late by up to about
+//! `(syncLimit + 1) × tickTime`. `follower_lag` is that bound: it is taken
+//! off every deadline this client computes ([`lock_core::ClockPolicy`]'s
+//! margin grows by it), and the shortest TTL grows with it (a TTL must
+//! still be trusted past a third of it, when the watchdog renews:
+//! [`crate::min_ttl_for`]; shorter ones are raised to it, as ZooKeeper's
+//! own minimum is).
+//!
+//! Set it from the ensemble's `zoo.cfg`: `(syncLimit + 1) × tickTime`. A
+//! URL naming several servers defaults to [`DEFAULT_FOLLOWER_LAG`], the
+//! bound of ZooKeeper's sample configuration (`tickTime=2000`,
+//! `syncLimit=5`); one naming a single server defaults to zero, right for
+//! a standalone server: set it for a single address in front of an
+//! ensemble (a load balancer, a Kubernetes service) or one of its members.
 
 use std::fmt;
 use std::time::Duration;
@@ -50,6 +72,10 @@ pub const DEFAULT_PORT: u16 = 2181;
 pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(5);
 /// The default of `prefix`.
 pub const DEFAULT_PREFIX: &str = "polylock";
+/// The default of `follower_lag` for a URL naming several servers:
+/// `(syncLimit + 1) × tickTime` with ZooKeeper's sample configuration
+/// (`tickTime=2000`, `syncLimit=5`).
+pub const DEFAULT_FOLLOWER_LAG: Duration = Duration::from_secs(12);
 
 /// Options of one ZooKeeper client, parsed from a lock URL.
 ///
@@ -73,6 +99,7 @@ pub struct ZkConfig {
     pub(crate) prefix: String,
     pub(crate) session_timeout: Option<Duration>,
     pub(crate) op_timeout: Duration,
+    pub(crate) follower_lag: Duration,
     redacted: String,
 }
 
@@ -88,6 +115,7 @@ impl fmt::Debug for ZkConfig {
             .field("user", &self.auth.as_ref().map(|d| &d.user))
             .field("acl", &self.acl)
             .field("idle_timeout", &self.idle_timeout)
+            .field("follower_lag", &self.follower_lag)
             .finish()
     }
 }
@@ -138,6 +166,7 @@ impl ZkConfig {
         let mut op_timeout = DEFAULT_OP_TIMEOUT;
         let mut acl = ZkAcl::Open;
         let mut idle_timeout = DEFAULT_IDLE_TIMEOUT;
+        let mut follower_lag = None;
         for (key, value) in u.options() {
             let opt = |why: String| u.option_error(key, why);
             match key {
@@ -157,6 +186,7 @@ impl ZkConfig {
                 "session_timeout" => session_timeout = Some(u.positive_duration(key, value)?),
                 "op_timeout" => op_timeout = u.positive_duration(key, value)?,
                 "idle_timeout" => idle_timeout = u.positive_duration(key, value)?,
+                "follower_lag" => follower_lag = Some(u.duration(key, value)?),
                 "acl" => {
                     acl = match value {
                         "open" => ZkAcl::Open,
@@ -168,7 +198,7 @@ impl ZkConfig {
                 other => {
                     return Err(u.unknown_option(
                         other,
-                        "prefix, session_timeout, op_timeout, acl, idle_timeout",
+                        "prefix, session_timeout, op_timeout, acl, idle_timeout, follower_lag",
                     ))
                 }
             }
@@ -181,6 +211,11 @@ impl ZkConfig {
                 "needs credentials in the URL (zk://USER:PASSWORD@HOST...)",
             ));
         }
+        let follower_lag = follower_lag.unwrap_or(if servers.len() > 1 {
+            DEFAULT_FOLLOWER_LAG
+        } else {
+            Duration::ZERO
+        });
         let redacted = u.redacted().to_string();
         Ok(ZkConfig {
             auth,
@@ -191,6 +226,7 @@ impl ZkConfig {
             prefix,
             session_timeout,
             op_timeout,
+            follower_lag,
             redacted,
         })
     }
@@ -232,6 +268,12 @@ impl ZkConfig {
     /// How long a session may sit unused before it is closed.
     pub fn idle_timeout(&self) -> Duration {
         self.idle_timeout
+    }
+    /// How much later than the leader's expiry of a session a follower's
+    /// answer can make a deadline: taken off every lease's deadline (see
+    /// the module docs).
+    pub fn follower_lag(&self) -> Duration {
+        self.follower_lag
     }
     /// The ACL of the nodes this client creates, for the client library.
     pub(crate) fn acls(&self) -> Acls<'static> {
@@ -350,11 +392,23 @@ mod tests {
         assert!(err("zk://h?acl=creator").contains("needs credentials"));
         assert!(err("zk://h?acl=read").contains("needs credentials"));
         assert!(err("zk://h?idle_timeout=0").contains("above zero"));
+        assert!(err("zk://h?follower_lag=25h").contains("longer than a day"));
+        assert!(err("zk://h?follower_lag=soon").contains("follower_lag"));
         assert!(err("zk://u@h").contains("password is missing"));
         assert!(err("zk://:secret@h").contains("user name is empty"));
         assert!(!err("zk://:secret@h").contains("secret"));
         assert!(!err("zk://u:secret@h?colour=blue").contains("secret"));
         assert!(!err("zk://u:secret@h?acl=x").contains("secret"));
+    }
+
+    #[test]
+    fn follower_lag_defaults_by_the_number_of_servers() {
+        let lag = |url| ZkConfig::parse(url).unwrap().follower_lag();
+        assert_eq!(lag("zk://h"), Duration::ZERO);
+        assert_eq!(lag("zk://a,b,c"), DEFAULT_FOLLOWER_LAG);
+        assert_eq!(lag("zk://a,b,c?follower_lag=3s"), Duration::from_secs(3));
+        assert_eq!(lag("zk://a,b?follower_lag=0"), Duration::ZERO);
+        assert_eq!(lag("zk://lb?follower_lag=12s"), Duration::from_secs(12));
     }
 
     #[test]

@@ -5,14 +5,16 @@
 //! # async fn demo() -> Result<(), lock_core::LockError> {
 //! use std::time::Duration;
 //! use lock_core::Locker;
-//! let locker = Locker::new(backend_zk::ZkBackend::connect("zk://n1:2181,n2:2181,n3:2181").await?);
-//! let guard = locker.lock("nightly").ttl(Duration::from_secs(10)).wait(Duration::from_secs(30)).acquire().await?;
+//! // follower_lag: (syncLimit + 1) × tickTime of the ensemble's zoo.cfg.
+//! let url = "zk://n1:2181,n2:2181,n3:2181?follower_lag=6s";
+//! let locker = Locker::new(backend_zk::ZkBackend::connect(url).await?);
+//! let guard = locker.lock("nightly").ttl(Duration::from_secs(30)).wait(Duration::from_secs(30)).acquire().await?;
 //! // ... pass guard.fence() to every system you write to ...
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```
 //!
-//! URLs: `zk://[user:password@]host:port[,host:port...][/chroot][?session_timeout=..&prefix=..&acl=..]`;
+//! URLs: `zk://[user:password@]host:port[,host:port...][/chroot][?session_timeout=..&prefix=..&acl=..&follower_lag=..]`;
 //! every option is in [`ZkConfig`].
 //!
 //! # How a lock works
@@ -55,17 +57,15 @@
 //!   reads the node (owner token, czxid, ephemeral owner), which also shows
 //!   the server the session is alive; the leases of one session due
 //!   together are read in one multi-read request. In an ensemble that read
-//!   is answered by the member the client is connected to. **Known gap:**
-//!   a follower cut off from the leader keeps answering reads until it
-//!   gives the leader up (`syncLimit` ticks, 10 s at the defaults), while
-//!   the leader, which last heard of the session before the cut, expires
-//!   it one session timeout after that. A renewal answered by such a
-//!   follower moves the lease's deadline past the leader's expiry by up to
-//!   about `(syncLimit + 1) × tickTime`, whatever the TTL: in that window a
-//!   client on the leader's side can be granted the lock while this holder
-//!   still sees its lease as valid. Fencing tokens still order the two
-//!   (the later holder's is higher). Closing it needs that bound taken off
-//!   every deadline an ensemble read gives. When the
+//!   is answered by the member the client is connected to, and a
+//!   follower cut off from its leader keeps answering for `syncLimit`
+//!   ticks, while the leader, which hears of the session no more, expires
+//!   it one session timeout after its last news of it. So every deadline
+//!   loses the client's `follower_lag` (`(syncLimit + 1) × tickTime`; 12 s
+//!   by default for a URL naming several servers, zero for one: see
+//!   [`ZkConfig`]), and the shortest TTL grows with it
+//!   ([`min_ttl_for`]): a holder stops trusting its lease before the
+//!   leader can let another client in. When the
 //!   connection drops, renewals fail and the guard reports the loss at the
 //!   lease's local deadline unless the session reconnects in time. The
 //!   driver gives up on a silent connection well before the session
@@ -92,9 +92,10 @@ mod holdings;
 mod path;
 mod session;
 
-pub use backend::{guarantees, ZkBackend, MIN_TTL};
+pub use backend::{guarantees, guarantees_for, min_ttl_for, ZkBackend, MIN_TTL};
 pub use config::{
-    ZkAcl, ZkConfig, DEFAULT_IDLE_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_PORT, DEFAULT_PREFIX,
+    ZkAcl, ZkConfig, DEFAULT_FOLLOWER_LAG, DEFAULT_IDLE_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_PORT,
+    DEFAULT_PREFIX,
 };
 pub use fence::fenced_set_data;
 

@@ -179,7 +179,7 @@ async fn holder_keeps_the_lock_when_a_member_or_the_leader_dies() {
         .await
         .unwrap()
         .expect("start the ensemble");
-    let url = format!("zk://{}", zk.connect_string());
+    let url = zk.url();
     let holder = Arc::new(ZkBackend::connect(&url).await.expect("connect"));
     let other = Arc::new(ZkBackend::connect(&url).await.expect("connect"));
     let name = common::unique("ensemble");
@@ -377,4 +377,89 @@ async fn a_release_retried_after_a_dropped_one_landed_is_ok() {
         .release(&lease)
         .await
         .expect("the retried release is the dropped one's, not a loss");
+}
+
+/// A follower cut off from its leader answers reads for `syncLimit` ticks
+/// before it gives the leader up, while the leader, which hears of the
+/// session no more, expires it one session timeout after its last news. A
+/// renewal the cut-off follower answered must not give the holder a
+/// deadline past the moment another client is granted the lock: the
+/// client takes `follower_lag` off it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_answered_by_a_cut_off_follower_ends_before_the_next_grant() {
+    let zk = tokio::task::spawn_blocking(|| ZooKeeperEnsemble::start_with_cuttable_links(3))
+        .await
+        .unwrap()
+        .expect("start the ensemble");
+    let give_up = Instant::now() + Duration::from_secs(30);
+    let (leader, follower) = loop {
+        let leader = zk.leader();
+        let follower = zk
+            .members()
+            .iter()
+            .find(|m| m.mode().is_ok_and(|x| x == "follower"));
+        if let (Some(l), Some(f)) = (leader, follower) {
+            break (l, f);
+        }
+        assert!(Instant::now() < give_up, "no leader and follower");
+        sleep(Duration::from_millis(200)).await;
+    };
+    // The holder reaches only the follower, through a link the test cuts
+    // once the follower has answered the renewal.
+    let link = Proxy::start(follower.addr()).expect("proxy");
+    let holder = ZkBackend::connect(&format!(
+        "zk://{}?follower_lag={}ms",
+        link.addr(),
+        zk.follower_lag().as_millis()
+    ))
+    .await
+    .expect("connect");
+    let other = Arc::new(
+        ZkBackend::connect(&format!("zk://{}", leader.addr()))
+            .await
+            .expect("connect"),
+    );
+    let name = common::unique("cut-follower");
+    // The longest session the test kit's servers grant (20 ticks).
+    let ttl = Duration::from_secs(10);
+    let lease = common::try_take(&holder, &name, ttl)
+        .await
+        .expect("the holder takes the lock");
+    let waiting = tokio::spawn({
+        let (other, name) = (other.clone(), name.clone());
+        async move {
+            let lease = other
+                .acquire(&common::req(&name, ttl, Duration::from_secs(40)))
+                .await;
+            (Instant::now(), lease)
+        }
+    });
+    // A renewal the leader hears of (the follower passes the session's
+    // news on at the leader's next ping, a quarter second at most), then
+    // the cut.
+    let lease = holder.renew(&lease).await.expect("renew before the cut");
+    sleep(Duration::from_secs(1)).await;
+    zk.cut_off(follower.id()).expect("cut the follower off");
+    // The follower gives its leader up 2.5 s after its last news of it.
+    sleep(Duration::from_millis(1500)).await;
+    let renewed = holder
+        .renew(&lease)
+        .await
+        .expect("the cut-off follower still answers the renewal");
+    link.set_mode(Mode::Blackhole);
+    let (granted_at, granted) = timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the other client gets the lock once the session expires")
+        .unwrap();
+    let granted = granted
+        .expect("the other client's acquire")
+        .expect("granted within the wait");
+    assert!(granted.fence() > renewed.fence());
+    assert!(
+        renewed.deadline() <= granted_at,
+        "the holder trusts its lease {:?} past the next grant",
+        renewed.deadline() - granted_at
+    );
+    other.release(&granted).await.expect("release");
+    drop(holder);
 }

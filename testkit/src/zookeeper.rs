@@ -10,6 +10,7 @@ use crate::ports::{on_fresh_ports, try_free_port};
 use crate::process::{
     find_binary, require_file, server_controls, tcp_exchange, CommandSpec, ServerProcess,
 };
+use crate::proxy::{Mode, Proxy};
 
 /// The JVM starts in about a second alone, but much slower while other
 /// servers start in parallel on a two-core machine.
@@ -27,6 +28,8 @@ const SLF4J_SIMPLE_JAR: &str = "/usr/share/java/slf4j-simple.jar";
 /// Tick of 500 ms: sessions can then time out in one second
 /// (2 × tickTime), which keeps session-expiry tests short.
 const TICK_TIME_MS: u64 = 500;
+/// Ticks a follower waits for its leader before giving it up.
+const SYNC_LIMIT: u32 = 5;
 
 /// A standalone ZooKeeper server on a free port of 127.0.0.1, with its own
 /// data directory, `tickTime=500` and the four-letter words `srvr`, `stat`,
@@ -127,7 +130,7 @@ fn server_spec(
     let mut text = format!(
         "tickTime={TICK_TIME_MS}\n\
          initLimit=10\n\
-         syncLimit=5\n\
+         syncLimit={SYNC_LIMIT}\n\
          dataDir={}\n\
          clientPort={port}\n\
          clientPortAddress=127.0.0.1\n\
@@ -208,12 +211,59 @@ impl ZooKeeperMember {
 #[derive(Debug)]
 pub struct ZooKeeperEnsemble {
     members: Vec<ZooKeeperMember>,
+    /// With [`start_with_cuttable_links`](Self::start_with_cuttable_links):
+    /// `(from, to, proxy)`, the proxy member `from` reaches member `to`'s
+    /// quorum port through.
+    links: Vec<(usize, usize, Proxy)>,
 }
 
 impl ZooKeeperEnsemble {
     /// Starts `size` servers and waits until every one serves (which needs
     /// an elected leader).
     pub fn start(size: usize) -> Result<ZooKeeperEnsemble> {
+        Self::start_inner(size, false)
+    }
+
+    /// As [`start`](Self::start), but each member reaches the others'
+    /// quorum ports (where a follower connects to its leader) through a
+    /// proxy of its own, so that [`cut_off`](Self::cut_off) can silence a
+    /// member's link to its leader while its clients still reach it. Only
+    /// the connection open at the cut goes through the proxy for sure: a
+    /// member may take the leader's view of the addresses when it joins,
+    /// and reconnect around the proxy after giving its leader up.
+    pub fn start_with_cuttable_links(size: usize) -> Result<ZooKeeperEnsemble> {
+        Self::start_inner(size, true)
+    }
+
+    /// Silences (as a partition does: no reset, no close) the links from
+    /// member `id` to every other member's quorum port: a follower cut off
+    /// this way keeps serving its clients' reads until it gives its
+    /// leader up, `syncLimit` ticks later.
+    pub fn cut_off(&self, id: usize) -> Result<()> {
+        let mut any = false;
+        for (_, _, proxy) in self.links.iter().filter(|(from, _, _)| *from == id) {
+            proxy.set_mode(Mode::Blackhole);
+            any = true;
+        }
+        if any {
+            Ok(())
+        } else {
+            Err(Error::InvalidState {
+                what: format!("ZooKeeper server.{id}"),
+                operation: "cut_off",
+                reason: "the ensemble was not started with cuttable links",
+            })
+        }
+    }
+
+    /// The most a follower cut off from its leader can keep a session
+    /// alive past the leader's expiry of it: `(syncLimit + 1) × tickTime`,
+    /// 3 s here (backend-zk's `follower_lag`).
+    pub fn follower_lag(&self) -> Duration {
+        Duration::from_millis(TICK_TIME_MS) * (SYNC_LIMIT + 1)
+    }
+
+    fn start_inner(size: usize, cuttable: bool) -> Result<ZooKeeperEnsemble> {
         if size == 0 {
             return Err(Error::InvalidState {
                 what: "ZooKeeper ensemble".to_owned(),
@@ -224,19 +274,32 @@ impl ZooKeeperEnsemble {
         let ports = (0..size)
             .map(|_| Ok((try_free_port()?, try_free_port()?, try_free_port()?)))
             .collect::<Result<Vec<(u16, u16, u16)>>>()?;
-        let servers: String = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (_, quorum, election))| {
-                format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1)
-            })
-            .collect();
+        let mut links = Vec::new();
+        // Member `id`'s `server.N=` lines: its own ports, and the others'
+        // (their quorum port through a proxy when cuttable).
+        let mut servers_of = |id: usize| -> Result<String> {
+            let mut text = String::new();
+            for (i, &(_, quorum, election)) in ports.iter().enumerate() {
+                let to = i + 1;
+                let quorum = if cuttable && to != id {
+                    let proxy = Proxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, quorum)))?;
+                    let port = proxy.port();
+                    links.push((id, to, proxy));
+                    port
+                } else {
+                    quorum
+                };
+                text.push_str(&format!("server.{to}=127.0.0.1:{quorum}:{election}\n"));
+            }
+            Ok(text)
+        };
         // All members must run before any serves; if one fails, returning
         // drops the others, which kills them.
         let mut members = Vec::with_capacity(size);
         for (i, &(port, _, _)) in ports.iter().enumerate() {
             let id = i + 1;
             let dir = temp_dir()?;
+            let servers = servers_of(id)?;
             let spec = server_spec(dir.path(), port, Some((id, &servers)), QUORUM_MAIN)?;
             let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
             let process = ServerProcess::spawn(
@@ -252,7 +315,7 @@ impl ZooKeeperEnsemble {
         for m in &members {
             m.process.await_startup()?;
         }
-        Ok(ZooKeeperEnsemble { members })
+        Ok(ZooKeeperEnsemble { members, links })
     }
 
     /// The members, by id.
@@ -265,6 +328,18 @@ impl ZooKeeperEnsemble {
         self.members
             .iter()
             .find(|m| m.mode().is_ok_and(|mode| mode == "leader"))
+    }
+
+    /// A polylock URL of the ensemble: `zk://` + the connect string, with
+    /// the ensemble's true [`follower_lag`](Self::follower_lag) (a URL
+    /// naming several servers defaults to a bound for ZooKeeper's sample
+    /// configuration, above the longest session these servers grant).
+    pub fn url(&self) -> String {
+        format!(
+            "zk://{}?follower_lag={}ms",
+            self.connect_string(),
+            self.follower_lag().as_millis()
+        )
     }
 
     /// The client connect string, `127.0.0.1:P1,127.0.0.1:P2,...`.

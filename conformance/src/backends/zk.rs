@@ -23,12 +23,26 @@ enum Keep {
 struct ZkFixture {
     url: String,
     keep: Keep,
+    /// What a client of `url` promises (its `follower_lag` sets the
+    /// shortest TTL).
+    guarantees: Guarantees,
+}
+
+impl ZkFixture {
+    fn new(url: String, keep: Keep) -> Result<Self, String> {
+        let config = backend_zk::ZkConfig::parse(&url).map_err(|e| e.to_string())?;
+        Ok(ZkFixture {
+            guarantees: backend_zk::guarantees_for(&config),
+            url,
+            keep,
+        })
+    }
 }
 
 #[async_trait]
 impl Fixture for ZkFixture {
     fn guarantees(&self) -> Guarantees {
-        backend_zk::guarantees()
+        self.guarantees.clone()
     }
 
     async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
@@ -49,14 +63,19 @@ impl Fixture for ZkFixture {
         &self,
         op_timeout: Duration,
     ) -> Result<Option<(Arc<dyn LockBackend>, Link)>, LockError> {
-        // Of an ensemble, one server behind the proxy: what a case checks
-        // does not depend on which server answers.
-        let upstream = match &self.keep {
-            Keep::Single(server) => server.addr(),
-            Keep::Ensemble(ensemble) => ensemble.members()[0].addr(),
+        // Of an ensemble, one server behind the proxy (what a case checks
+        // does not depend on which server answers), with the ensemble's
+        // follower lag, which a single address does not default to.
+        let (upstream, url) = match &self.keep {
+            Keep::Single(server) => (server.addr(), format!("zk://{}", server.addr())),
+            Keep::Ensemble(ensemble) => {
+                let member = ensemble.members()[0].addr();
+                let lag = ensemble.follower_lag().as_millis();
+                (member, format!("zk://{member}?follower_lag={lag}ms"))
+            }
         };
         let link = Link::to(&[upstream])?;
-        let url = link.url(&format!("zk://{upstream}"), "op_timeout", op_timeout);
+        let url = link.url(&url, "op_timeout", op_timeout);
         Ok(Some((Arc::new(ZkBackend::connect(&url).await?), link)))
     }
 }
@@ -81,16 +100,16 @@ pub(super) fn ensemble() -> Registration {
 
 fn single_setup() -> Result<Arc<dyn Fixture>, String> {
     let server = ZooKeeperServer::start().map_err(|e| e.to_string())?;
-    Ok(Arc::new(ZkFixture {
-        url: format!("zk://{}", server.connect_string()),
-        keep: Keep::Single(Box::new(server)),
-    }))
+    Ok(Arc::new(ZkFixture::new(
+        format!("zk://{}", server.connect_string()),
+        Keep::Single(Box::new(server)),
+    )?))
 }
 
 fn ensemble_setup() -> Result<Arc<dyn Fixture>, String> {
     let ensemble = ZooKeeperEnsemble::start(3).map_err(|e| e.to_string())?;
-    Ok(Arc::new(ZkFixture {
-        url: format!("zk://{}", ensemble.connect_string()),
-        keep: Keep::Ensemble(ensemble),
-    }))
+    Ok(Arc::new(ZkFixture::new(
+        ensemble.url(),
+        Keep::Ensemble(ensemble),
+    )?))
 }

@@ -90,7 +90,7 @@ pub const SCENARIOS: [Scenario; 14] = [
     },
     Scenario {
         id: "server-restart",
-        title: "server killed and restarted on its data (TTL 5 s)",
+        title: "server killed and restarted on its data (TTL 5 s, or the backend's shortest if longer)",
         quick: true,
         kind: Kind::ServerRestart,
     },
@@ -127,20 +127,20 @@ pub const SCENARIOS: [Scenario; 14] = [
     Scenario {
         id: "minority-loss",
         title: "a minority of the servers killed (the leader first where the group names it), \
-                restarted after 2 TTLs (TTL 5 s)",
+                restarted after 2 TTLs (TTL 5 s, or the backend's shortest if longer)",
         quick: false,
         kind: Kind::MinorityLoss,
     },
     Scenario {
         id: "follower-loss",
         title: "one follower killed (the group names its leader), restarted after 2 TTLs \
-                (TTL 5 s)",
+                (TTL 5 s, or the backend's shortest if longer)",
         quick: false,
         kind: Kind::FollowerLoss,
     },
     Scenario {
         id: "majority-restart",
-        title: "a majority of the servers killed and restarted at once (TTL 5 s)",
+        title: "a majority of the servers killed and restarted at once (TTL 5 s, or the backend's shortest if longer)",
         quick: false,
         kind: Kind::MajorityRestart,
     },

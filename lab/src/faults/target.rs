@@ -189,6 +189,19 @@ fn declared(backend: &str) -> Result<Guarantees, String> {
         .ok_or_else(|| format!("{backend} is not compiled into this build"))
 }
 
+/// What a client of `url` promises: what its backend declares, with the
+/// shortest TTL the URL's options leave (a ZooKeeper client's
+/// `follower_lag` raises it), so that the suite's TTLs are the ones the
+/// backend grants.
+fn promised(label: &str, url: &str) -> Result<Guarantees, String> {
+    let mut g = declared(backend_of(label))?;
+    if url.starts_with("zk://") {
+        let config = backend_zk::ZkConfig::parse(url).map_err(|e| e.to_string())?;
+        g.min_ttl = backend_zk::guarantees_for(&config).min_ttl;
+    }
+    Ok(g)
+}
+
 /// The first three words of what a program prints for `args`: its name
 /// and version, without build details.
 fn version_of(program: &str, args: &[&str]) -> String {
@@ -286,7 +299,7 @@ impl Target {
             }
             "zookeeper-ensemble" => {
                 let e = ZooKeeperEnsemble::start(3).map_err(tk)?;
-                let url = format!("zk://{}", e.connect_string());
+                let url = e.url();
                 let v = format!("{} ×3", zookeeper_version());
                 ("zookeeper-ensemble", url, Keep::ZkEnsemble(e), v)
             }
@@ -304,7 +317,7 @@ impl Target {
         };
         Ok(Target {
             label,
-            guarantees: declared(backend_of(label))?,
+            guarantees: promised(label, &url)?,
             url,
             server_version,
             keep,
@@ -365,7 +378,7 @@ impl Target {
         };
         Ok(Target {
             label,
-            guarantees: declared(backend_of(label))?,
+            guarantees: promised(label, &url)?,
             url,
             server_version,
             keep,
