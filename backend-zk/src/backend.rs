@@ -15,7 +15,9 @@ use lock_core::{
 };
 use tokio::sync::Notify;
 use tokio::time::{sleep, sleep_until, Instant};
-use zookeeper_client::{CreateMode, Error, EventType, MultiReadResult, Stat, WatchedEvent};
+use zookeeper_client::{
+    CreateMode, Error, EventType, MultiReadResult, Stat, StateWatcher, WatchedEvent,
+};
 
 use crate::config::ZkConfig;
 use crate::errors::{again, from_zk, outcome_unknown, retryable, timed, BACKEND};
@@ -47,6 +49,15 @@ const ERROR_BACKOFF: Backoff = Backoff {
     initial: Duration::from_millis(50),
     max: Duration::from_millis(500),
 };
+
+/// Whether the session's connection changed state since `states` last
+/// looked. The driver sets the watches of a dropped connection again on
+/// the next one and the server then reports what changed meanwhile in the
+/// driver's own (arbitrary) order, not in the order it happened: after
+/// that, our node's deletion need not come before our predecessor's.
+fn reconnected(states: &mut StateWatcher) -> bool {
+    states.changed().now_or_never().is_some()
+}
 
 /// How many released node paths a client remembers, to answer a repeated
 /// release with `Ok`.
@@ -700,7 +711,10 @@ impl ZkBackend {
     ///   predecessor's (one more request in the same round trip), would
     ///   have fired first, as ZooKeeper delivers a session's events in
     ///   order and the client hands them out in that order (the select
-    ///   below looks at it first);
+    ///   below looks at it first). Not across a reconnect: the watches are
+    ///   set again on the new connection, and what changed meanwhile comes
+    ///   in the driver's order, so a reconnect since our node's watch was
+    ///   set sends the waiter to the listing;
     /// - the session is alive: the event came on it, and the lease is
     ///   dated from when the watch request was sent (the server heard the
     ///   session then), which must leave three quarters of the TTL.
@@ -732,8 +746,9 @@ impl ZkBackend {
             let node = path.rsplit('/').next().unwrap_or_default().to_string();
             let mut ours = NodeGuard::new(&s, &path, self.op());
             // Fires when our own node changes (it is only ever deleted) or
-            // the connection's state does.
-            let mut own: Option<BoxFuture<'static, WatchedEvent>> = None;
+            // the session ends (not on a reconnect); with the connection's
+            // states since that watch was set.
+            let mut own: Option<(BoxFuture<'static, WatchedEvent>, StateWatcher)> = None;
             loop {
                 if s.ended.is_cancelled() {
                     break;
@@ -753,6 +768,9 @@ impl ZkBackend {
                         }
                         let pred = format!("{dir}/{pred}");
                         let watch_own = own.is_none() && pred_is_first;
+                        // Before the watches leave, so that a reconnect
+                        // after it shows.
+                        let states = watch_own.then(|| s.client.state_watcher());
                         let watch_sent = Instant::now();
                         let (watched, own_watched) = tokio::join!(
                             timed("watch", self.op(), s.client.check_and_watch_stat(&pred)),
@@ -766,13 +784,15 @@ impl ZkBackend {
                                 )
                             }
                         );
-                        match own_watched {
+                        match (own_watched, states) {
                             // Our node is gone: enter again.
-                            Some(Ok(Ok((None, _)))) => break,
-                            Some(Ok(Ok((Some(_), w)))) => own = Some(w.changed().boxed()),
+                            (Some(Ok(Ok((None, _)))), _) => break,
+                            (Some(Ok(Ok((Some(_), w)))), Some(states)) => {
+                                own = Some((w.changed().boxed(), states))
+                            }
                             // Only the fast hand-off needs it: without it,
                             // the next listing checks.
-                            Some(_) | None => {}
+                            _ => {}
                         }
                         let watched =
                             watched?.map_err(|e| from_zk(&format!("watching {pred}"), e))?;
@@ -783,7 +803,7 @@ impl ZkBackend {
                             biased;
                             _ = async {
                                 match own.as_mut() {
-                                    Some(f) => f.await,
+                                    Some((f, _)) => f.await,
                                     None => std::future::pending().await,
                                 }
                             } => Woke::Own,
@@ -796,14 +816,22 @@ impl ZkBackend {
                             Woke::Own => own = None,
                             Woke::Pred(EventType::NodeDeleted)
                                 if pred_is_first
-                                    && own.is_some()
+                                    && own
+                                        .as_mut()
+                                        .is_some_and(|(_, states)| !reconnected(states))
                                     && watch_sent.elapsed() < s.timeout() / 4
                                     && !s.ended.is_cancelled() =>
                             {
                                 ours.disarm();
                                 return self.grant(req, &s, path, &stat, watch_sent).map(Some);
                             }
-                            Woke::Pred(_) | Woke::Other => {}
+                            Woke::Pred(_) | Woke::Other => {
+                                // After a reconnect, watch our node anew
+                                // for the next fast hand-off.
+                                if own.as_mut().is_some_and(|(_, states)| reconnected(states)) {
+                                    own = None;
+                                }
+                            }
                         }
                     }
                 }
