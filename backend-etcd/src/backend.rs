@@ -356,7 +356,7 @@ impl EtcdBackend {
             let deleted = {
                 let mut attempt = ReleaseAttempt::new(self, key, rev);
                 let deleted = queue::delete_own(self.conn(), key, rev).await?;
-                attempt.nothing_deleted = !deleted;
+                attempt.may_have_deleted = deleted;
                 deleted
             };
             s.forget(key, rev, lease.owner());
@@ -374,9 +374,15 @@ impl EtcdBackend {
         let pfx = self.key_prefix(lease.name());
         let outcome = {
             let mut attempt = ReleaseAttempt::new(self, key, rev);
-            let outcome = queue::release(self.conn(), &pfx, key, lease.owner(), rev).await?;
-            attempt.nothing_deleted = outcome != Released::Deleted;
-            outcome
+            queue::release(
+                self.conn(),
+                &pfx,
+                key,
+                lease.owner(),
+                rev,
+                &mut attempt.may_have_deleted,
+            )
+            .await?
         };
         // Whatever the outcome, this holding's claim is not in etcd any more
         // (deleted now, gone before, or replaced): forget it locally.
@@ -644,14 +650,15 @@ impl EtcdBackend {
     }
 }
 
-/// A release in flight: unless it ends with an answer that deleted
-/// nothing, the holding counts as released by us (a delete that happened,
-/// or one whose answer never came), so that a second release is `Ok`.
+/// A release in flight: unless its deletes all answered that they deleted
+/// nothing (a failure after such an answer included), the holding counts
+/// as released by us (a delete that happened, or one whose answer never
+/// came), so that a second release is `Ok`.
 struct ReleaseAttempt<'a> {
     backend: &'a EtcdBackend,
     key: &'a str,
     rev: i64,
-    nothing_deleted: bool,
+    may_have_deleted: bool,
 }
 
 impl<'a> ReleaseAttempt<'a> {
@@ -660,14 +667,14 @@ impl<'a> ReleaseAttempt<'a> {
             backend,
             key,
             rev,
-            nothing_deleted: false,
+            may_have_deleted: true,
         }
     }
 }
 
 impl Drop for ReleaseAttempt<'_> {
     fn drop(&mut self) {
-        if !self.nothing_deleted {
+        if self.may_have_deleted {
             self.backend.released_log().record(self.key, self.rev);
         }
     }

@@ -409,6 +409,11 @@ pub(crate) enum Released {
 /// key turns out to be this claim with a description after it, a second
 /// one compares that exact value.
 ///
+/// `may_have_deleted` is true while a delete is on its way or after one
+/// got no answer, and false once every delete sent answered that it
+/// deleted nothing: what an error (or a cancel) leaves there tells the
+/// caller whether the claim may be gone by this release.
+///
 /// # Cancel safety
 /// Cancel safe: the delete happened or not.
 pub(crate) async fn release(
@@ -417,6 +422,7 @@ pub(crate) async fn release(
     key: &str,
     owner: OwnerToken,
     create_rev: i64,
+    may_have_deleted: &mut bool,
 ) -> Result<Released, LockError> {
     let what = "releasing the lock";
     let mut expected = owner.to_string().into_bytes();
@@ -431,10 +437,13 @@ pub(crate) async fn release(
             .or_else(vec![TxnOp::get(key, None), TxnOp::get(start, Some(opts))]);
         // Not repeatable: a second try after a delete that happened would
         // see the next holder and report Lost.
+        *may_have_deleted = true;
         let r = conn.txn(what, Retry::NotSent, txn).await?;
         if r.succeeded() {
             return Ok(Released::Deleted);
         }
+        // Answered: this transaction deleted nothing, whatever fails next.
+        *may_have_deleted = false;
         let ops = r.op_responses();
         let found = match ops.first() {
             Some(TxnOpResponse::Get(g)) => g.kvs().first().and_then(Claim::from_kv),
