@@ -1,4 +1,6 @@
-//! The watchdog: renews held leases at a third of their TTL.
+//! The watchdog: renews held leases at a third of their TTL (or at half
+//! the time a lease is trusted, when its deadline comes before two thirds
+//! of its TTL).
 //!
 //! One scheduler task per [`Locker`](crate::Locker) (shared by its clones)
 //! keeps every held lease's next renewal time in a heap and sleeps until the
@@ -9,7 +11,8 @@
 //! renewals of other locks.
 //!
 //! Leases of one backend client that are due together are renewed
-//! together: each lease may be renewed from a quarter of its TTL on, so a
+//! together: each lease may be renewed from a quarter of its TTL on (or
+//! three eighths of the time it is trusted, if sooner), so a
 //! wake-up for the earliest due lease also takes every lease of the same
 //! client already past its quarter, and hands them to
 //! [`LockBackend::renew_many`](crate::LockBackend::renew_many) in batches of
@@ -119,7 +122,7 @@ impl std::fmt::Debug for Watchdog {
 
 impl Watchdog {
     /// Schedules the next renewal of `held` at `sent_at + ttl/3` of its
-    /// current lease, and ties this scheduler's life to the lease. Must run
+    /// current lease (or half the time it is trusted), and ties this scheduler's life to the lease. Must run
     /// inside a tokio runtime.
     pub(crate) fn watch(&self, held: &Arc<Held>) {
         held.keep_scheduler(Arc::clone(&self.inner));
@@ -133,12 +136,17 @@ fn lock(inner: &Inner) -> std::sync::MutexGuard<'_, State> {
 }
 
 fn schedule(inner: &Arc<Inner>, held: &Arc<Held>) {
-    let (sent_at, ttl) = {
+    let (sent_at, ttl, trusted) = {
         let lease = held.lease();
-        (lease.sent_at(), lease.ttl())
+        let trusted = lease.deadline().saturating_duration_since(lease.sent_at());
+        (lease.sent_at(), lease.ttl(), trusted)
     };
-    let at = crate::lease::later(sent_at, ttl / 3);
-    let early = crate::lease::later(sent_at, ttl / 4);
+    // A third of the TTL, or half the time the lease is trusted when that
+    // comes first (a backend whose deadlines lose more than the clock
+    // policy, as a ZooKeeper ensemble's follower lag), so that a failed
+    // renewal always has as long again for its retries.
+    let at = crate::lease::later(sent_at, (ttl / 3).min(trusted / 2));
+    let early = crate::lease::later(sent_at, (ttl / 4).min(trusted * 3 / 8));
     let mut st = lock(inner);
     // Released leases stay queued until their renewal time comes round;
     // with many short holdings that adds up, so sweep them out once the

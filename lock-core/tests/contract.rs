@@ -617,6 +617,38 @@ async fn the_watchdog_renews_at_a_third_of_the_ttl_not_before() {
     guard.release().await.unwrap();
 }
 
+/// A lease trusted for less than two thirds of its TTL (a clock policy
+/// whose margin, like a ZooKeeper ensemble's follower lag, is a large part
+/// of it) is renewed at half the time it is trusted, not at a third of its
+/// TTL, so that a failed renewal has as long again for its retries.
+#[tokio::test(start_paused = true)]
+async fn the_watchdog_renews_at_half_the_trusted_time_when_that_comes_first() {
+    let backend = Probe::default();
+    let policy = lock_core::ClockPolicy {
+        drift: 0.01,
+        margin: Duration::from_secs(15),
+    };
+    let locker = Locker::new(backend.clone())
+        .with_clock_policy(policy)
+        .unwrap();
+    let guard = locker
+        .lock("half")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let sent_at = guard.lease().sent_at();
+    // Trusted for 29.7 - 15 = 14.7 s: the renewal at 7.35 s, before the
+    // third of the TTL (10 s).
+    let half = (guard.lease().deadline() - sent_at) / 2;
+    assert_eq!(half, Duration::from_millis(7_350));
+    tokio::time::sleep_until(sent_at + half - Duration::from_millis(100)).await;
+    assert_eq!(backend.renews.load(Ordering::SeqCst), 0, "renewed early");
+    tokio::time::sleep_until(sent_at + half + Duration::from_millis(100)).await;
+    assert_eq!(backend.renews.load(Ordering::SeqCst), 1);
+    guard.release().await.unwrap();
+}
+
 /// A renewal by hand rescues a lease whose watchdog renewal hangs: the
 /// watchdog goes on from the deadline the hand renewal published instead
 /// of declaring the lease lost at the old one.
