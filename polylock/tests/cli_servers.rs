@@ -295,3 +295,40 @@ fn a_ttl_below_the_backends_minimum_names_the_floor() {
     );
     assert!(!dir.path().join("ran").exists(), "COMMAND ran");
 }
+
+/// A lease trusted for much less than its TTL (a ZooKeeper client with a
+/// follower lag) is renewed at half that time: SIGTERM must not go out
+/// before that renewal, and a command that outlives a few renewals runs
+/// to its end untouched. (SIGTERM used to be due a third of the TTL
+/// before the deadline: here before the first renewal.)
+#[test]
+fn a_lease_trusted_for_less_than_its_ttl_gets_no_sigterm_while_renewals_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = testkit::ZooKeeperServer::start().expect("start zookeeper");
+    // A 10 s session is trusted for 10 * 0.79 - 3.002 = 4.9 s: renewed at
+    // 2.45 s, where a third of the TTL before the deadline is 1.57 s.
+    let url = format!("zk://{}?follower_lag=3s", server.connect_string());
+    let out = polylock(dir.path(), Some(&url))
+        .args([
+            "run",
+            "--ttl",
+            "10s",
+            "--grace",
+            "10s",
+            "lagged",
+            "--",
+            "sh",
+            "-c",
+            "trap 'echo TERM; exit 143' TERM; for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16; do sleep 0.5; done; echo done",
+        ])
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(
+        !stdout.contains("TERM"),
+        "SIGTERM while renewals worked: {stdout} / {}",
+        text(&out.stderr)
+    );
+    assert!(stdout.contains("done"), "{stdout} / {}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}

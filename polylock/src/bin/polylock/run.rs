@@ -268,9 +268,19 @@ pub(crate) async fn run(
     // not left over for the job once the command runs.
     let mut job = JobSignals::new()?;
     let name = &args.name;
-    // SIGTERM + grace must fit between the missed renewal (a third of the
-    // TTL after the last one) and the deadline.
-    let grace = grace.min(guard.lease().ttl() / 3);
+    // SIGTERM goes out no sooner than halfway from the missed renewal (the
+    // watchdog's: a third of the TTL after the last one, or half the time
+    // the lease is trusted when that comes first, as on a ZooKeeper
+    // ensemble, whose deadlines lose the follower lag) to the deadline, and
+    // never more than a third of the TTL before the deadline.
+    let grace = {
+        let lease = guard.lease();
+        let trusted = lease.deadline().saturating_duration_since(lease.sent_at());
+        let renewal = (lease.ttl() / 3).min(trusted / 2);
+        grace
+            .min(lease.ttl() / 3)
+            .min(trusted.saturating_sub(renewal) / 2)
+    };
 
     let (program, argv) = command.split_first().expect("clap requires a command");
     let env = [
