@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    AcquireRequest, ExpiryClock, Guarantees, HolderInfo, Lease, LockBackend, LockError, LockName,
-    LockSpace, WaitMechanism,
+    AcquireRequest, ClockPolicy, ExpiryClock, Guarantees, HolderInfo, Lease, LockBackend,
+    LockError, LockName, LockSpace, WaitMechanism,
 };
 use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
@@ -333,18 +333,24 @@ impl MigrateBackend {
 }
 
 /// The composite lease: the target's fence, the shorter TTL measured from
-/// the earlier send (so its deadline is before both sides'), and a
-/// revocation that fires when either side's does.
+/// the earlier send under the more careful of the sides' clock policies
+/// (so its deadline is before both sides', a ZooKeeper side's follower lag
+/// included), and a revocation that fires when either side's does.
 fn combine(legacy: Lease, target: Lease) -> Lease {
     let ttl = legacy.ttl().min(target.ttl());
     let sent_at = legacy.sent_at().min(target.sent_at());
+    let (l, t) = (legacy.policy(), target.policy());
+    let policy = ClockPolicy {
+        drift: l.drift.max(t.drift),
+        margin: l.margin.max(t.margin),
+    };
     let lease = Lease::new(
         target.name().clone(),
         target.owner(),
         target.fence(),
         ttl,
         sent_at,
-        target.policy(),
+        policy,
     )
     // A side granted for less than asked (a fair-mode Redis hand-off's
     // claim window) still renews to the TTL asked.
@@ -682,6 +688,42 @@ mod tests {
         let (l, t) = m.split(&composite).unwrap();
         assert_eq!((l.renewal_ttl(), t.renewal_ttl()), (asked, asked));
         assert_eq!(l.fence().get(), 4);
+    }
+
+    /// A side whose deadlines lose more (a ZooKeeper side's follower lag,
+    /// on either side) keeps the composite deadline before its own, also
+    /// after a renewal.
+    #[test]
+    fn the_composite_deadline_is_before_both_sides_whatever_their_policies() {
+        let now = tokio::time::Instant::now();
+        let ttl = Duration::from_secs(30);
+        let careful = ClockPolicy {
+            drift: 0.21,
+            margin: Duration::from_secs(12),
+        };
+        for careful_side in ["legacy", "target"] {
+            let lease = |fence, policy| {
+                Lease::new(
+                    LockName::new("n").unwrap(),
+                    lock_core::OwnerToken::random(),
+                    lock_core::FencingToken::new(fence).unwrap(),
+                    ttl,
+                    now,
+                    policy,
+                )
+            };
+            let (lp, tp) = if careful_side == "legacy" {
+                (careful, ClockPolicy::default())
+            } else {
+                (ClockPolicy::default(), careful)
+            };
+            let (legacy, target) = (lease(4, lp), lease(9, tp));
+            let earliest = legacy.deadline().min(target.deadline());
+            let composite = combine(legacy, target);
+            assert!(composite.deadline() <= earliest, "{careful_side}");
+            let renewed = composite.renewed(ttl, now);
+            assert!(renewed.deadline() <= earliest, "{careful_side}: renewed");
+        }
     }
 
     #[tokio::test]
