@@ -780,25 +780,33 @@ impl LockBackend for EtcdBackend {
         }
         let deadline = req.wait_deadline();
         let mut pacer = Pacer::new(req.backoff_or(ERROR_BACKOFF));
-        loop {
-            let Ok(slot) = timeout_at(deadline, self.inner.slots.take(&req.name)).await else {
-                return Ok(None);
-            };
-            // A slot free at the deadline comes back all the same: no
-            // attempt starts after the wait.
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            match self.attempt(req, slot, Some(deadline)).await {
-                // A failed attempt cleans up its claim in the background and
-                // holds the slot until then, so the retry waits for that.
-                Err(e) if e.is_retryable() && Instant::now() < deadline => {
-                    tracing::debug!(name = %req.name, error = %e, "polylock: etcd acquire failed; retrying until the wait ends");
-                    pacer.pause_until(deadline).await;
+        let attempts = async {
+            loop {
+                let Ok(slot) = timeout_at(deadline, self.inner.slots.take(&req.name)).await else {
+                    return Ok(None);
+                };
+                // A slot free at the deadline comes back all the same: no
+                // attempt starts after the wait.
+                if Instant::now() >= deadline {
+                    return Ok(None);
                 }
-                other => return self.inner.space.stamp(other),
+                match self.attempt(req, slot, Some(deadline)).await {
+                    // A failed attempt cleans up its claim in the background
+                    // and holds the slot until then, so the retry waits for
+                    // that.
+                    Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                        tracing::debug!(name = %req.name, error = %e, "polylock: etcd acquire failed; retrying until the wait ends");
+                        pacer.pause_until(deadline).await;
+                    }
+                    other => return other,
+                }
             }
-        }
+        };
+        // The answer is owed by the wait plus one op_timeout: an attempt
+        // that began just before the wait ended included.
+        let limit = req.wait.saturating_add(self.inner.config.op_timeout());
+        let won = lock_core::call::within(limit, attempts).await;
+        self.inner.space.stamp(won)
     }
 
     /// Reports the session's latest answered keepalive after checking that

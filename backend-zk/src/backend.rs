@@ -69,42 +69,68 @@ const REMEMBERED: usize = 4096;
 /// far below ZooKeeper's default `jute.maxbuffer` of 1 MiB.
 pub(crate) const RENEW_CHUNK: usize = 256;
 
-/// The shortest TTL a client with this `follower_lag` grants (see
-/// [`ZkConfig`]'s "Ensembles"): with the lag taken off its deadline, a
-/// lease under the default [`ClockPolicy`] is still trusted for half its
-/// TTL, so that after the watchdog's renewal at a third of it a sixth is
-/// left for a retry. [`MIN_TTL`] for no lag; shorter TTLs are raised to it.
+/// The longest a connected session of this client goes without a request
+/// or a ping, as a share of its timeout: the driver pings a connection
+/// that sent nothing for 3/20 of the session timeout, looking every 1/20.
+/// A follower passes the session's news on to the leader only from such
+/// touches, so the leader's last news of it before a cut can be this old.
+const IDLE_TOUCH_SHARE: f64 = 0.2;
+
+/// The clock policy a client with this `follower_lag` computes deadlines
+/// with (see [`ZkConfig`]'s "Ensembles"): `policy` with the lag added to
+/// its margin and, with any lag, the share of the TTL the client may go
+/// without touching its session (the driver's idle pings, 1/5) added to its
+/// drift. A follower cut off from its leader answers for up to the lag
+/// after the cut, and the leader's last news of the session may be that
+/// share of the TTL older than the cut.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::ClockPolicy;
+/// let plain = ClockPolicy::default();
+/// assert_eq!(backend_zk::clock_for(plain, Duration::ZERO), plain);
+/// let lagged = backend_zk::clock_for(plain, Duration::from_secs(3));
+/// let ttl = Duration::from_secs(10);
+/// assert!(lagged.trusted(ttl) + Duration::from_secs(3) + ttl / 5 <= plain.trusted(ttl));
+/// ```
+pub fn clock_for(policy: ClockPolicy, follower_lag: Duration) -> ClockPolicy {
+    if follower_lag.is_zero() {
+        return policy;
+    }
+    ClockPolicy {
+        drift: policy.drift + IDLE_TOUCH_SHARE,
+        margin: policy.margin.saturating_add(follower_lag),
+    }
+}
+
+/// The shortest TTL a client with this `follower_lag` grants: the
+/// shortest a lease under the default [`ClockPolicy`] is trusted for more
+/// than a third of, with the lag taken off ([`clock_for`]), as every TTL
+/// must be ([`ClockPolicy::check_ttl`]). The watchdog renews such a lease
+/// at half the time it is trusted, leaving the other half for a retry.
+/// [`MIN_TTL`] for no lag; shorter TTLs are raised to it.
 ///
 /// ```
 /// use std::time::Duration;
 /// use lock_core::ClockPolicy;
 /// let lag = Duration::from_secs(3);
 /// let min = backend_zk::min_ttl_for(lag);
-/// let lagged = ClockPolicy { margin: ClockPolicy::default().margin + lag, ..ClockPolicy::default() };
-/// assert!(lagged.trusted(min) >= min / 2);
-/// let shorter = min - Duration::from_millis(5);
-/// assert!(lagged.trusted(shorter) < shorter / 2);
+/// let lagged = backend_zk::clock_for(ClockPolicy::default(), lag);
+/// assert!(lagged.check_ttl(min).is_ok());
+/// assert!(lagged.check_ttl(min - Duration::from_millis(5)).is_err());
 /// assert_eq!(backend_zk::min_ttl_for(Duration::ZERO), backend_zk::MIN_TTL);
 /// ```
 pub fn min_ttl_for(lag: Duration) -> Duration {
     if lag.is_zero() {
         return MIN_TTL;
     }
-    let policy = lagged(ClockPolicy::default(), lag);
-    // trusted(ttl) = ttl * (1 - drift) - margin must reach ttl / 2.
-    let share = 1.0 - policy.drift - 0.5;
+    let policy = clock_for(ClockPolicy::default(), lag);
+    // trusted(ttl) = ttl * (1 - drift) - margin must pass ttl / 3.
+    let share = 1.0 - policy.drift - 1.0 / 3.0;
     let at_least = policy.margin.as_secs_f64() / share;
-    // Whole milliseconds (what a session timeout is), rounded up.
-    let ms = (at_least * 1000.0).ceil() as u64;
+    // Whole milliseconds (what a session timeout is), past the bound.
+    let ms = (at_least * 1000.0).floor() as u64 + 1;
     Duration::from_millis(ms).max(MIN_TTL)
-}
-
-/// `policy` with `lag` taken off every deadline on top of its margin.
-fn lagged(policy: ClockPolicy, lag: Duration) -> ClockPolicy {
-    ClockPolicy {
-        margin: policy.margin.saturating_add(lag),
-        ..policy
-    }
 }
 
 /// What a client of `config` promises: [`guarantees`], with the shortest
@@ -308,7 +334,7 @@ impl ZkBackend {
         req: &AcquireRequest,
         wait: Duration,
     ) -> Result<AcquireRequest, LockError> {
-        let clock = lagged(req.clock, self.inner.config.follower_lag);
+        let clock = clock_for(req.clock, self.inner.config.follower_lag);
         clock
             .check_ttl(self.session_timeout(req.ttl))
             .map_err(|e| self.lag_error(e))?;
@@ -717,7 +743,8 @@ impl ZkBackend {
     ///   set sends the waiter to the listing;
     /// - the session is alive: the event came on it, and the lease is
     ///   dated from when the watch request was sent (the server heard the
-    ///   session then), which must leave three quarters of the TTL.
+    ///   session then), which must leave three quarters of the time a
+    ///   lease is trusted.
     ///
     /// A node a foreign client creates with a hand-picked sequence lower
     /// than ours is outside the protocol and is not looked for.
@@ -819,7 +846,8 @@ impl ZkBackend {
                                     && own
                                         .as_mut()
                                         .is_some_and(|(_, states)| !reconnected(states))
-                                    && watch_sent.elapsed() < s.timeout() / 4
+                                    && watch_sent.elapsed()
+                                        < req.clock.trusted(s.timeout()) / 4
                                     && !s.ended.is_cancelled() =>
                             {
                                 ours.disarm();
@@ -1313,19 +1341,25 @@ impl LockBackend for ZkBackend {
         // Each pass waits what is left of the one wait, not a fresh one.
         let mut pass = self.lagged_request(req, req.wait)?;
         let mut pacer = Pacer::new(req.backoff_or(ERROR_BACKOFF));
-        loop {
-            pass.wait = deadline.saturating_duration_since(Instant::now());
-            match self.contend(&pass).await {
-                Err(e) if e.is_retryable() && Instant::now() < deadline => {
-                    pacer.pause_until(deadline).await;
-                    // No pass starts after the wait.
-                    if Instant::now() >= deadline {
-                        return Err(e);
+        // The answer is owed by the wait plus one op_timeout: a pass that
+        // began just before the wait ended included.
+        let passes = async {
+            loop {
+                pass.wait = deadline.saturating_duration_since(Instant::now());
+                match self.contend(&pass).await {
+                    Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                        pacer.pause_until(deadline).await;
+                        // No pass starts after the wait.
+                        if Instant::now() >= deadline {
+                            return Err(e);
+                        }
                     }
+                    other => return other,
                 }
-                other => return self.inner.space.stamp(other),
             }
-        }
+        };
+        let won = lock_core::call::within(req.wait.saturating_add(self.op()), passes).await;
+        self.inner.space.stamp(won)
     }
 
     /// Reads the node (touching the session) and moves the lease's expiry:
@@ -1486,6 +1520,17 @@ mod tests {
             g.effective_ttl(Duration::from_millis(1500)),
             Duration::from_millis(1500)
         );
+    }
+
+    #[test]
+    fn the_default_lag_raises_the_shortest_ttl_to_what_the_readme_says() {
+        // README.md, the zk:// row: "26.3 s with the default lag".
+        let min = min_ttl_for(crate::DEFAULT_FOLLOWER_LAG);
+        assert_eq!(min, Duration::from_millis(26_282));
+        let g = guarantees_for(&ZkConfig::parse("zk://a,b,c").unwrap());
+        assert_eq!(g.min_ttl, min);
+        let readme = include_str!("../../README.md");
+        assert!(readme.contains("26.3 s with the default lag"));
     }
 
     #[test]

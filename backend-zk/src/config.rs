@@ -40,14 +40,16 @@
 //! answers by itself. A follower cut off from its leader keeps answering
 //! for `syncLimit` ticks before it gives the leader up, while the leader,
 //! which has not heard of the session since the cut, expires it one
-//! session timeout after that, and another client may take the lock. A
-//! deadline counted from such an answer would be late by up to about
-//! `(syncLimit + 1) × tickTime`. `follower_lag` is that bound: it is taken
-//! off every deadline this client computes ([`lock_core::ClockPolicy`]'s
-//! margin grows by it), and the shortest TTL grows with it (a TTL must
-//! still be trusted past a third of it, when the watchdog renews:
-//! [`crate::min_ttl_for`]; shorter ones are raised to it, as ZooKeeper's
-//! own minimum is).
+//! session timeout after its last news of the session (which a client
+//! idle between renewals sends only every fifth of the timeout, with its
+//! pings), and another client may take the lock. A deadline counted from
+//! such an answer would be late by up to about `(syncLimit + 1) ×
+//! tickTime` plus a fifth of the TTL. `follower_lag` is the first part:
+//! with it, every deadline this client computes loses the lag and a fifth
+//! of the TTL ([`crate::clock_for`]: [`lock_core::ClockPolicy`]'s margin
+//! and drift grow by them), and the shortest TTL grows with them (a TTL
+//! must still be trusted past a third of it: [`crate::min_ttl_for`];
+//! shorter ones are raised to it, as ZooKeeper's own minimum is).
 //!
 //! Set it from the ensemble's `zoo.cfg`: `(syncLimit + 1) × tickTime`. A
 //! URL naming several servers defaults to [`DEFAULT_FOLLOWER_LAG`], the

@@ -60,12 +60,15 @@
 //!   is answered by the member the client is connected to, and a
 //!   follower cut off from its leader keeps answering for `syncLimit`
 //!   ticks, while the leader, which hears of the session no more, expires
-//!   it one session timeout after its last news of it. So every deadline
-//!   loses the client's `follower_lag` (`(syncLimit + 1) × tickTime`; 12 s
-//!   by default for a URL naming several servers, zero for one: see
-//!   [`ZkConfig`]), and the shortest TTL grows with it
-//!   ([`min_ttl_for`]): a holder stops trusting its lease before the
-//!   leader can let another client in. When the
+//!   it one session timeout after its last news of it, which can be a
+//!   fifth of the TTL older than the cut (the client's idle pings). So
+//!   every deadline loses the client's `follower_lag` (`(syncLimit + 1) ×
+//!   tickTime`; 12 s by default for a URL naming several servers, zero
+//!   for one: see [`ZkConfig`]) and, with a lag, a fifth of the TTL
+//!   ([`clock_for`]); the shortest TTL grows with them ([`min_ttl_for`]),
+//!   and the watchdog renews at half the time a lease is trusted: a holder
+//!   stops trusting its lease before the leader can let another client
+//!   in. When the
 //!   connection drops, renewals fail and the guard reports the loss at the
 //!   lease's local deadline unless the session reconnects in time. The
 //!   driver gives up on a silent connection well before the session
@@ -92,7 +95,7 @@ mod holdings;
 mod path;
 mod session;
 
-pub use backend::{guarantees, guarantees_for, min_ttl_for, ZkBackend, MIN_TTL};
+pub use backend::{clock_for, guarantees, guarantees_for, min_ttl_for, ZkBackend, MIN_TTL};
 pub use config::{
     ZkAcl, ZkConfig, DEFAULT_FOLLOWER_LAG, DEFAULT_IDLE_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_PORT,
     DEFAULT_PREFIX,

@@ -440,8 +440,9 @@ async fn a_renewal_answered_by_a_cut_off_follower_ends_before_the_next_grant() {
     let lease = holder.renew(&lease).await.expect("renew before the cut");
     sleep(Duration::from_secs(1)).await;
     zk.cut_off(follower.id()).expect("cut the follower off");
-    // The follower gives its leader up 2.5 s after its last news of it.
-    sleep(Duration::from_millis(1500)).await;
+    // The follower gives its leader up 2.25-2.5 s after its last news of
+    // it (syncLimit ticks; the leader pings every half tick).
+    sleep(Duration::from_millis(1200)).await;
     let renewed = holder
         .renew(&lease)
         .await
@@ -455,6 +456,13 @@ async fn a_renewal_answered_by_a_cut_off_follower_ends_before_the_next_grant() {
         .expect("the other client's acquire")
         .expect("granted within the wait");
     assert!(granted.fence() > renewed.fence());
+    // The leader never heard of that renewal (the cut held): it let the
+    // other client in before a session timeout from it.
+    assert!(
+        granted_at < renewed.sent_at() + renewed.ttl(),
+        "granted {:?} after the renewal",
+        granted_at - renewed.sent_at()
+    );
     assert!(
         renewed.deadline() <= granted_at,
         "the holder trusts its lease {:?} past the next grant",

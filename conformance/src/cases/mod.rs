@@ -71,7 +71,7 @@ pub fn all() -> Vec<Case> {
         case!(waiting::cancelled_waiter_leaves_nothing_behind),
         case!(waiting::acquire_without_a_wait_waits_for_the_holder),
         case!(waiting::calls_answer_in_time_when_the_service_is_cut_off),
-        case!(waiting::a_try_acquire_on_a_slow_link_answers_within_one_op_timeout),
+        case!(waiting::acquisitions_on_a_slow_link_answer_within_one_op_timeout),
         case!(waiting::wake_up_hands_off_below_the_polling_floor, |g| {
             g.wait != WaitMechanism::Poll
         }),
