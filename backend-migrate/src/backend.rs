@@ -333,16 +333,20 @@ impl MigrateBackend {
 }
 
 /// The composite lease: the target's fence, the shorter TTL measured from
-/// the earlier send under the more careful of the sides' clock policies
-/// (so its deadline is before both sides', a ZooKeeper side's follower lag
-/// included), and a revocation that fires when either side's does.
+/// the earlier send, its deadline no later than either side's (a ZooKeeper
+/// side's deadlines lose its follower lag), and a revocation that fires
+/// when either side's does.
 fn combine(legacy: Lease, target: Lease) -> Lease {
     let ttl = legacy.ttl().min(target.ttl());
     let sent_at = legacy.sent_at().min(target.sent_at());
+    // The laxer of the sides' policies: the one the holder asked for (a
+    // ZooKeeper side adds its lag to it). The split sides renew under it,
+    // a ZooKeeper side capping by the policy it granted under, and each
+    // composite deadline is capped by the sides' own.
     let (l, t) = (legacy.policy(), target.policy());
     let policy = ClockPolicy {
-        drift: l.drift.max(t.drift),
-        margin: l.margin.max(t.margin),
+        drift: l.drift.min(t.drift),
+        margin: l.margin.min(t.margin),
     };
     let lease = Lease::new(
         target.name().clone(),
@@ -352,6 +356,7 @@ fn combine(legacy: Lease, target: Lease) -> Lease {
         sent_at,
         policy,
     )
+    .with_deadline_no_later_than(legacy.deadline().min(target.deadline()))
     // A side granted for less than asked (a fair-mode Redis hand-off's
     // claim window) still renews to the TTL asked.
     .with_renewal_ttl(legacy.renewal_ttl().min(target.renewal_ttl()))
@@ -443,7 +448,9 @@ impl LockBackend for MigrateBackend {
             tracing::warn!(name = %lease.name(), side, error = %e, "migrate: one side of the lock was lost");
         };
         match (l, t) {
-            (Ok(l), Ok(t)) => Ok(lease.renewed(l.ttl().min(t.ttl()), lease_sent(&l, &t))),
+            (Ok(l), Ok(t)) => Ok(lease
+                .renewed(l.ttl().min(t.ttl()), lease_sent(&l, &t))
+                .with_deadline_no_later_than(l.deadline().min(t.deadline()))),
             (l, t) => {
                 let legacy_lost = matches!(&l, Err(e) if e.is_lost());
                 let target_lost = matches!(&t, Err(e) if e.is_lost());
@@ -691,38 +698,43 @@ mod tests {
     }
 
     /// A side whose deadlines lose more (a ZooKeeper side's follower lag,
-    /// on either side) keeps the composite deadline before its own, also
-    /// after a renewal.
+    /// on either side) keeps the composite deadline before its own; a side
+    /// granted a short claim window (a fair-mode Redis hand-off) with such
+    /// a side does not make the composite dead on arrival.
     #[test]
-    fn the_composite_deadline_is_before_both_sides_whatever_their_policies() {
+    fn the_composite_deadline_is_the_earlier_of_the_sides() {
         let now = tokio::time::Instant::now();
-        let ttl = Duration::from_secs(30);
         let careful = ClockPolicy {
             drift: 0.21,
             margin: Duration::from_secs(12),
         };
-        for careful_side in ["legacy", "target"] {
-            let lease = |fence, policy| {
-                Lease::new(
-                    LockName::new("n").unwrap(),
-                    lock_core::OwnerToken::random(),
-                    lock_core::FencingToken::new(fence).unwrap(),
-                    ttl,
-                    now,
-                    policy,
-                )
-            };
-            let (lp, tp) = if careful_side == "legacy" {
-                (careful, ClockPolicy::default())
-            } else {
-                (ClockPolicy::default(), careful)
-            };
-            let (legacy, target) = (lease(4, lp), lease(9, tp));
+        let lease = |fence, ttl, policy| {
+            Lease::new(
+                LockName::new("n").unwrap(),
+                lock_core::OwnerToken::random(),
+                lock_core::FencingToken::new(fence).unwrap(),
+                ttl,
+                now,
+                policy,
+            )
+        };
+        let long = Duration::from_secs(30);
+        let window = Duration::from_secs(2);
+        for (lt, lp, tt, tp) in [
+            (long, careful, long, ClockPolicy::default()),
+            (long, ClockPolicy::default(), long, careful),
+            (long, careful, window, ClockPolicy::default()),
+            (window, ClockPolicy::default(), long, careful),
+        ] {
+            let (legacy, target) = (lease(4, lt, lp), lease(9, tt, tp));
             let earliest = legacy.deadline().min(target.deadline());
             let composite = combine(legacy, target);
-            assert!(composite.deadline() <= earliest, "{careful_side}");
-            let renewed = composite.renewed(ttl, now);
-            assert!(renewed.deadline() <= earliest, "{careful_side}: renewed");
+            assert_eq!(
+                composite.deadline(),
+                earliest,
+                "{lt:?} {lp:?} / {tt:?} {tp:?}"
+            );
+            assert!(composite.deadline() > now, "dead on arrival");
         }
     }
 

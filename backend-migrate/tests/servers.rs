@@ -48,7 +48,7 @@ impl Fixture for MigrateFixture {
 }
 
 fn run_conformance(fixture: MigrateFixture) {
-    conformance::harness::assert_every_case_passes(Arc::new(fixture), 35);
+    conformance::harness::assert_every_case_passes(Arc::new(fixture), 36);
 }
 
 #[test]

@@ -91,7 +91,9 @@ const IDLE_TOUCH_SHARE: f64 = 0.2;
 /// assert_eq!(backend_zk::clock_for(plain, Duration::ZERO), plain);
 /// let lagged = backend_zk::clock_for(plain, Duration::from_secs(3));
 /// let ttl = Duration::from_secs(10);
-/// assert!(lagged.trusted(ttl) + Duration::from_secs(3) + ttl / 5 <= plain.trusted(ttl));
+/// // (A microsecond for the float arithmetic.)
+/// let slack = Duration::from_micros(1);
+/// assert!(lagged.trusted(ttl) + Duration::from_secs(3) + ttl / 5 <= plain.trusted(ttl) + slack);
 /// ```
 pub fn clock_for(policy: ClockPolicy, follower_lag: Duration) -> ClockPolicy {
     if follower_lag.is_zero() {
@@ -709,10 +711,10 @@ impl ZkBackend {
             .lease(fence, ttl, sent)
             .with_backend_key(key.clone())
             .with_revocation(s.ended.clone());
-        let expiry = self
-            .inner
-            .held()
-            .insert(key, req.owner, fence, sent + ttl, s.clone());
+        let expiry =
+            self.inner
+                .held()
+                .insert(key, req.owner, fence, sent + ttl, s.clone(), req.clock);
         match expiry {
             Expiry::Planned => {}
             Expiry::Wake => self.inner.expiry_wake.notify_one(),
@@ -839,13 +841,18 @@ impl ZkBackend {
                             _ = s.ended.cancelled() => Woke::Other,
                             _ = sleep_until(wait_until) => Woke::Other,
                         };
+                        // Read once: reading takes the state change.
+                        if own.as_mut().is_some_and(|(_, states)| reconnected(states)) {
+                            // After a reconnect, no fast hand-off on this
+                            // watch of our node; the next listing sets a
+                            // new one.
+                            own = None;
+                        }
                         match woke {
                             Woke::Own => own = None,
                             Woke::Pred(EventType::NodeDeleted)
                                 if pred_is_first
-                                    && own
-                                        .as_mut()
-                                        .is_some_and(|(_, states)| !reconnected(states))
+                                    && own.is_some()
                                     && watch_sent.elapsed()
                                         < req.clock.trusted(s.timeout()) / 4
                                     && !s.ended.is_cancelled() =>
@@ -853,13 +860,7 @@ impl ZkBackend {
                                 ours.disarm();
                                 return self.grant(req, &s, path, &stat, watch_sent).map(Some);
                             }
-                            Woke::Pred(_) | Woke::Other => {
-                                // After a reconnect, watch our node anew
-                                // for the next fast hand-off.
-                                if own.as_mut().is_some_and(|(_, states)| reconnected(states)) {
-                                    own = None;
-                                }
-                            }
+                            Woke::Pred(_) | Woke::Other => {}
                         }
                     }
                 }
@@ -946,10 +947,16 @@ impl ZkBackend {
                             && stat.ephemeral_owner == s.id();
                         // Moves the expiry only if the holding is still
                         // this lease's and had not expired meanwhile.
-                        if same && held.extend(path, l.fence(), sent + ttl) {
-                            Ok(l.renewed(ttl, sent))
+                        let extended = if same {
+                            held.extend(path, l.fence(), sent + ttl)
                         } else {
-                            Err(lost(l))
+                            None
+                        };
+                        match extended {
+                            Some(granted) => Ok(l
+                                .renewed(ttl, sent)
+                                .with_deadline_no_later_than(granted.deadline(sent, ttl))),
+                            None => Err(lost(l)),
                         }
                     }
                     MultiReadResult::Error { err: Error::NoNode } => Err(lost(l)),

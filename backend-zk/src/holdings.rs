@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use lock_core::{FencingToken, OwnerToken};
+use lock_core::{ClockPolicy, FencingToken, OwnerToken};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -30,6 +30,11 @@ pub(crate) struct Held {
     /// A release's delete got no clear answer: it may have landed, so a
     /// later attempt that finds no node is that release, not a loss.
     pub(crate) release_sent: bool,
+    /// The clock policy the holding was granted under (its follower lag
+    /// included): a renewal's deadline is never later than it gives, also
+    /// for a lease that arrives with a laxer policy (one side of a
+    /// migration lock carries the composite's).
+    pub(crate) policy: ClockPolicy,
 }
 
 /// The holdings of one client by node path, with their expiry order.
@@ -71,6 +76,7 @@ impl Holdings {
         fence: FencingToken,
         expires: Instant,
         session: Arc<Session>,
+        policy: ClockPolicy,
     ) -> Expiry {
         let id = self.next_id;
         self.next_id += 1;
@@ -84,6 +90,7 @@ impl Holdings {
                 id,
                 session,
                 release_sent: false,
+                policy,
             },
         );
         if let Some(old) = old {
@@ -123,22 +130,24 @@ impl Holdings {
     /// still the holding with `fence` and has not expired yet; never
     /// earlier: of two renewals in flight at once (the watchdog's and one
     /// by hand), the one sent first may be answered last, and the holder
-    /// keeps the later deadline.
-    pub(crate) fn extend(&mut self, path: &str, fence: FencingToken, expires: Instant) -> bool {
-        let Some(h) = self.by_path.get_mut(path) else {
-            return false;
-        };
+    /// keeps the later deadline. Answers the clock policy the holding was
+    /// granted under, `None` when nothing moved.
+    pub(crate) fn extend(
+        &mut self,
+        path: &str,
+        fence: FencingToken,
+        expires: Instant,
+    ) -> Option<ClockPolicy> {
+        let h = self.by_path.get_mut(path)?;
         if h.fence != fence || h.expires <= Instant::now() {
-            return false;
+            return None;
         }
-        let Some(key) = self.expiry.remove(&(h.expires, h.id)) else {
-            return false;
-        };
+        let key = self.expiry.remove(&(h.expires, h.id))?;
         h.expires = expires.max(h.expires);
         let expires = h.expires;
         self.expiry.insert((expires, h.id), key);
         // Later than before, so the task's plan stays right.
-        true
+        Some(h.policy)
     }
 
     /// Takes out every holding whose expiry is at or before `now`, and

@@ -22,12 +22,12 @@ async fn a_waiter_whose_node_was_deleted_does_not_hold_on_it() {
 /// The same while the waiter's connection is down: on the reconnect the
 /// server reports both deletions in the driver's order (it sets the
 /// watches again from a hash map), so the holder's may come first. The
-/// waiter must still not hold on its vanished node. Ten rounds, as the
+/// waiter must still not hold on its vanished node. Twenty rounds, as the
 /// order is the driver's to pick (without the fix, about one round in ten
 /// failed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_reconnect_a_waiter_whose_node_was_deleted_does_not_hold_on_it() {
-    for _ in 0..10 {
+    for _ in 0..20 {
         let link = Proxy::start(common::server().addr()).expect("proxy");
         waiter_whose_node_was_deleted(Some(&link)).await;
     }

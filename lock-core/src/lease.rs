@@ -87,9 +87,10 @@ impl ClockPolicy {
     }
 
     /// Refuses a TTL this policy leaves no renewal room in: a lease must be
-    /// trusted past a third of its TTL, when the watchdog renews it, or the
-    /// holder would count it lost before its first renewal. Checked by the
-    /// acquire methods before any I/O.
+    /// trusted past a third of its TTL, the watchdog's usual renewal time;
+    /// one trusted for less would be renewed at half that time, over and
+    /// over, its TTL mostly unused. Checked by the acquire methods before
+    /// any I/O.
     pub fn check_ttl(&self, ttl: Duration) -> Result<(), LockError> {
         let trusted = self.trusted(ttl);
         if trusted <= ttl / 3 {
@@ -277,6 +278,39 @@ impl Lease {
             deadline: self.policy.deadline(sent_at, ttl),
             ..self.clone()
         }
+    }
+
+    /// The same lease, its deadline moved up to `deadline` when that is
+    /// sooner. For a lease that must not be trusted longer than another
+    /// one: a migration lock's lease, held on two backends, is trusted no
+    /// longer than either side's; a backend renewing a lease that arrived
+    /// with a laxer clock policy than it granted under. A later
+    /// [`renewed`](Lease::renewed) computes its deadline afresh.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_core::{ClockPolicy, FencingToken, Lease, LockName, OwnerToken};
+    /// let now = tokio::time::Instant::now();
+    /// let lease = Lease::new(LockName::new("n").unwrap(), OwnerToken::random(),
+    ///     FencingToken::new(1).unwrap(), Duration::from_secs(30), now, ClockPolicy::default());
+    /// let sooner = now + Duration::from_secs(5);
+    /// assert_eq!(lease.clone().with_deadline_no_later_than(sooner).deadline(), sooner);
+    /// let later = now + Duration::from_secs(60);
+    /// assert_eq!(lease.clone().with_deadline_no_later_than(later).deadline(), lease.deadline());
+    /// ```
+    pub fn with_deadline_no_later_than(mut self, deadline: Instant) -> Self {
+        self.deadline = self.deadline.min(deadline);
+        self
+    }
+
+    /// When the watchdog renews this lease: a third of its TTL after its
+    /// request was sent, or half the time the lease is trusted when that
+    /// comes first (a backend whose deadlines lose more than the clock
+    /// policy's usual margin, as a ZooKeeper ensemble's follower lag), so
+    /// that a failed renewal always has as long again for its retries.
+    pub fn renewal_due(&self) -> Instant {
+        let trusted = self.deadline.saturating_duration_since(self.sent_at);
+        later(self.sent_at, (self.ttl / 3).min(trusted / 2))
     }
 
     /// The lock name.
