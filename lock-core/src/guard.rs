@@ -13,7 +13,8 @@ use crate::token::FencingToken;
 /// Proof of holding a lock, with its watchdog.
 ///
 /// While the guard lives, a watchdog renews the lease at a third of its TTL
-/// (unless disabled on the builder; then [`renew`](LockGuard::renew) it by
+/// (or at half the time it is trusted, when that comes first:
+/// [`Lease::renewal_due`](crate::Lease::renewal_due); unless disabled on the builder; then [`renew`](LockGuard::renew) it by
 /// hand), even after the [`Locker`](crate::Locker) that made it is dropped. Check [`is_held`](LockGuard::is_held)
 /// before acting, race critical work against [`lost`](LockGuard::lost), and
 /// pass [`fence`](LockGuard::fence) to every system you write to.

@@ -7,7 +7,8 @@
 //!   released only by a client of the lock space that granted it ([`LockSpace`]).
 //! - [`Locker`], [`LockGuard`]: the API applications use. `acquire()` waits
 //!   until it holds the lock (`.wait(d)` bounds it, `try_acquire()` never
-//!   waits); a watchdog renews at a third of the TTL for as long as the
+//!   waits); a watchdog renews at a third of the TTL (or at half the time
+//!   the lease is trusted, when that comes first) for as long as the
 //!   guard lives, and [`LockGuard::lost`] fires the moment the lock may be
 //!   gone.
 //! - [`MemoryBackend`]: the in-process reference implementation.

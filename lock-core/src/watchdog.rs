@@ -136,17 +136,14 @@ fn lock(inner: &Inner) -> std::sync::MutexGuard<'_, State> {
 }
 
 fn schedule(inner: &Arc<Inner>, held: &Arc<Held>) {
-    let (sent_at, ttl, trusted) = {
+    let (at, early) = {
         let lease = held.lease();
-        let trusted = lease.deadline().saturating_duration_since(lease.sent_at());
-        (lease.sent_at(), lease.ttl(), trusted)
+        let (sent_at, ttl) = (lease.sent_at(), lease.ttl());
+        let trusted = lease.deadline().saturating_duration_since(sent_at);
+        // Three quarters of the way to the renewal.
+        let early = crate::lease::later(sent_at, (ttl / 4).min(trusted * 3 / 8));
+        (lease.renewal_due(), early)
     };
-    // A third of the TTL, or half the time the lease is trusted when that
-    // comes first (a backend whose deadlines lose more than the clock
-    // policy, as a ZooKeeper ensemble's follower lag), so that a failed
-    // renewal always has as long again for its retries.
-    let at = crate::lease::later(sent_at, (ttl / 3).min(trusted / 2));
-    let early = crate::lease::later(sent_at, (ttl / 4).min(trusted * 3 / 8));
     let mut st = lock(inner);
     // Released leases stay queued until their renewal time comes round;
     // with many short holdings that adds up, so sweep them out once the

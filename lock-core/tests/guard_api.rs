@@ -117,7 +117,7 @@ async fn a_clock_policy_or_ttl_without_renewal_room_is_refused_before_any_io() {
             drift: 0.01,
             margin: Duration::MAX,
         },
-        // Trusted for 0.3 of the TTL: lost before its renewal at a third.
+        // Trusted for 0.3 of the TTL: less than a third of it.
         ClockPolicy {
             drift: 0.7,
             margin: Duration::ZERO,

@@ -305,11 +305,16 @@ pub(crate) async fn calls_answer_in_time_when_the_service_is_cut_off(ctx: &Ctx<'
 /// Where the fixture has no network to slow down, the same call on a
 /// healthy client is held to the same bounds.
 pub(crate) async fn acquisitions_on_a_slow_link_answer_within_one_op_timeout(ctx: &Ctx<'_>) {
-    let name = ctx.name("slow-link");
+    // A name each: a refused attempt's cleanup may keep its name busy in
+    // the client for a while, which must not be what ends the other call.
+    let names = [ctx.name("slow-link-try"), ctx.name("slow-link-wait")];
     let ttl = ctx.ttl(Duration::from_secs(30));
     let op_timeout = Duration::from_secs(3);
     // Each round trip: 1.4 s, so two fit in the op_timeout and three not.
     let delay = Duration::from_millis(700);
+    // Timers and scheduling on a loaded machine; a call that chains one
+    // request too many is late by a whole round trip.
+    let slack = Duration::from_millis(300);
     let holder = ctx.client().await;
     let proxied = ctx
         .fixture()
@@ -325,17 +330,19 @@ pub(crate) async fn acquisitions_on_a_slow_link_answer_within_one_op_timeout(ctx
         .await
         .expect("free");
     client.release(&warm).await.expect("release");
-    let held = raw_try(&holder, &name, ttl).await.expect("free");
+    let mut held = Vec::new();
+    for name in &names {
+        held.push(raw_try(&holder, name, ttl).await.expect("free"));
+    }
     if let Some(link) = &link {
         link.set_mode(Mode::Delay(delay));
     }
-    let request =
-        |wait| AcquireRequest::new(name.clone(), OwnerToken::random(), ttl, wait).expect("request");
+    let request = |name: &lock_core::LockName, wait| {
+        AcquireRequest::new(name.clone(), OwnerToken::random(), ttl, wait).expect("request")
+    };
     let wait = Duration::from_millis(500);
-    // One after the other: each leaves its claim to be removed in the
-    // background, which must not slow the other.
-    let tried = timed(client.try_acquire(&request(Duration::ZERO))).await;
-    let waited = timed(client.acquire(&request(wait))).await;
+    let tried = timed(client.try_acquire(&request(&names[0], Duration::ZERO))).await;
+    let waited = timed(client.acquire(&request(&names[1], wait))).await;
     if let Some(link) = &link {
         link.set_mode(Mode::Pass);
     }
@@ -348,22 +355,27 @@ pub(crate) async fn acquisitions_on_a_slow_link_answer_within_one_op_timeout(ctx
             "{what}: a held lock was granted: {r:?}"
         );
         assert!(
-            took <= bound + delay,
-            "{what} with a {op_timeout:?} op_timeout answered after {took:?}: {r:?}"
+            took <= bound + slack,
+            "{what} with a {wait:?} wait (acquire) and a {op_timeout:?} op_timeout answered \
+             after {took:?}: {r:?}"
         );
     }
-    holder.release(&held).await.expect("release");
-    let started = Instant::now();
-    loop {
-        if let Some(next) = raw_try(&holder, &name, ttl).await {
-            holder.release(&next).await.expect("release");
-            break;
+    for lease in held {
+        holder.release(&lease).await.expect("release");
+    }
+    for name in &names {
+        let started = Instant::now();
+        loop {
+            if let Some(next) = raw_try(&holder, name, ttl).await {
+                holder.release(&next).await.expect("release");
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "the slow client's refused attempt kept {name} taken"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(15),
-            "the slow client's refused attempt kept the lock taken"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop(link);
 }

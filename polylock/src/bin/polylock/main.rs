@@ -74,7 +74,8 @@ struct Cli {
 struct LockFlags {
     /// Lock name.
     name: String,
-    /// Lease length (at least 1s); renewed every third of it [default: the config
+    /// Lease length (at least 1s); renewed every third of it, or sooner where the
+    /// backend trusts a lease for less (ZooKeeper ensembles) [default: the config
     /// file's ttl, else 30s].
     #[arg(long, value_parser = duration::parse, allow_hyphen_values = true)]
     ttl: Option<Duration>,
@@ -143,7 +144,8 @@ deadline; if the lock is found lost, it is killed at once.
         #[command(flatten)]
         lock: LockFlags,
         /// After renewals start failing, time between SIGTERM and SIGKILL of COMMAND
-        /// (at most a third of the TTL).
+        /// (at most a third of the TTL, and half the time from the missed renewal to
+        /// the deadline).
         #[arg(long, default_value = "10s", value_parser = duration::parse, allow_hyphen_values = true)]
         grace: Duration,
         /// Run this shell command line with `sh -c` instead of COMMAND.

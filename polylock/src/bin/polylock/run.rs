@@ -55,7 +55,7 @@ async fn drain(
 }
 
 /// The shortest TTL `run` and `hold` accept. Below it the watchdog's
-/// renewal (every third of the TTL) and the stop before the deadline leave
+/// renewal (every third of the TTL, or sooner) and the stop before the deadline leave
 /// no room for one slow round trip.
 pub(crate) const MIN_TTL: Duration = Duration::from_secs(1);
 
@@ -275,11 +275,10 @@ pub(crate) async fn run(
     // never more than a third of the TTL before the deadline.
     let grace = {
         let lease = guard.lease();
-        let trusted = lease.deadline().saturating_duration_since(lease.sent_at());
-        let renewal = (lease.ttl() / 3).min(trusted / 2);
-        grace
-            .min(lease.ttl() / 3)
-            .min(trusted.saturating_sub(renewal) / 2)
+        let room = lease
+            .deadline()
+            .saturating_duration_since(lease.renewal_due());
+        grace.min(lease.ttl() / 3).min(room / 2)
     };
 
     let (program, argv) = command.split_first().expect("clap requires a command");
@@ -364,8 +363,8 @@ pub(crate) async fn run(
                          SIGKILL in {} at the lease's deadline",
                         show(deadline.saturating_duration_since(Instant::now()))
                     );
-                    // The renewal was due a third of the TTL after the last one.
-                    let due = lease.sent_at() + lease.ttl() / 3;
+                    // When the missed renewal was due.
+                    let due = lease.renewal_due();
                     stopping = Some((due, deadline));
                 }
             }
