@@ -55,8 +55,12 @@
 //! URL naming several servers defaults to [`DEFAULT_FOLLOWER_LAG`], the
 //! bound of ZooKeeper's sample configuration (`tickTime=2000`,
 //! `syncLimit=5`); one naming a single server defaults to zero, right for
-//! a standalone server: set it for a single address in front of an
-//! ensemble (a load balancer, a Kubernetes service) or one of its members.
+//! a standalone server. A single address in front of an ensemble (a load
+//! balancer, a Kubernetes service) or one of its members needs it set:
+//! without it, the client's first session reads the server's membership
+//! (`/zookeeper/config`) and, finding several servers, refuses every call
+//! with a [`LockError::Config`] that says so (`follower_lag=0` accepts the
+//! follower reads knowingly).
 
 use std::fmt;
 use std::time::Duration;
@@ -102,6 +106,9 @@ pub struct ZkConfig {
     pub(crate) session_timeout: Option<Duration>,
     pub(crate) op_timeout: Duration,
     pub(crate) follower_lag: Duration,
+    /// One server named and no `follower_lag`: the first session checks
+    /// that the server is not an ensemble member.
+    pub(crate) check_membership: bool,
     redacted: String,
 }
 
@@ -213,6 +220,7 @@ impl ZkConfig {
                 "needs credentials in the URL (zk://USER:PASSWORD@HOST...)",
             ));
         }
+        let check_membership = follower_lag.is_none() && servers.len() == 1;
         let follower_lag = follower_lag.unwrap_or(if servers.len() > 1 {
             DEFAULT_FOLLOWER_LAG
         } else {
@@ -229,6 +237,7 @@ impl ZkConfig {
             session_timeout,
             op_timeout,
             follower_lag,
+            check_membership,
             redacted,
         })
     }

@@ -64,7 +64,8 @@
 //!   fifth of the TTL older than the cut (the client's idle pings). So
 //!   every deadline loses the client's `follower_lag` (`(syncLimit + 1) ×
 //!   tickTime`; 12 s by default for a URL naming several servers, zero
-//!   for one: see [`ZkConfig`]) and, with a lag, a fifth of the TTL
+//!   for one, which must then not be an ensemble member: see
+//!   [`ZkConfig`]) and, with a lag, a fifth of the TTL
 //!   ([`clock_for`]); the shortest TTL grows with them ([`min_ttl_for`]),
 //!   and the watchdog renews at half the time a lease is trusted: a holder
 //!   stops trusting its lease before the leader can let another client

@@ -58,6 +58,9 @@ pub(crate) struct Sessions {
     /// One connect at a time, so concurrent first locks share a session.
     connecting: tokio::sync::Mutex<()>,
     reaper: OnceLock<()>,
+    /// What the membership check found (`ZkConfig::check_membership`):
+    /// `None` fine, `Some(why)` every call is refused.
+    membership: OnceLock<Option<String>>,
 }
 
 #[derive(Debug)]
@@ -110,6 +113,9 @@ impl Sessions {
         if let Some(s) = self.live(key) {
             return Ok(s);
         }
+        if let Some(Some(why)) = self.membership.get() {
+            return Err(LockError::Config(why.clone()));
+        }
         let servers = config.connect_string();
         let mut connector = Client::connector().with_session_timeout(timeout);
         if let Some(d) = &config.auth {
@@ -121,6 +127,14 @@ impl Sessions {
         let client = timed("connect", limit.saturating_sub(started.elapsed()), connect)
             .await?
             .map_err(|e| from_zk(&format!("connecting to {}", config.redacted_url()), e))?;
+        if config.check_membership && self.membership.get().is_none() {
+            let left = limit.saturating_sub(started.elapsed());
+            let found = membership(config, &client, left).await?;
+            if let Some(why) = self.membership.get_or_init(|| found) {
+                // Dropping the client closes the session it opened.
+                return Err(LockError::Config(why.clone()));
+            }
+        }
         let session = Arc::new(Session {
             ended: CancellationToken::new(),
             client,
@@ -156,6 +170,45 @@ impl Sessions {
             None => None,
         }
     }
+}
+
+/// Reads the server's membership (`/zookeeper/config`, empty on a
+/// standalone server): `Some(why)` when the one server the URL names
+/// belongs to an ensemble of several, whose members answer reads on their
+/// own while the URL set no `follower_lag`. A server that does not let the
+/// node be read is taken as it is (with a warning): nothing tells.
+async fn membership(
+    config: &ZkConfig,
+    client: &Client,
+    limit: Duration,
+) -> Result<Option<String>, LockError> {
+    let data = match timed("reading /zookeeper/config", limit, client.get_config()).await? {
+        Ok((data, _)) => data,
+        Err(e @ (zookeeper_client::Error::NoAuth | zookeeper_client::Error::NoNode)) => {
+            tracing::warn!(
+                backend = BACKEND,
+                error = %e,
+                "cannot read /zookeeper/config to tell a standalone server from an ensemble \
+                 member; set follower_lag if it is a member"
+            );
+            return Ok(None);
+        }
+        Err(e) => return Err(from_zk("reading /zookeeper/config", e)),
+    };
+    let members = String::from_utf8_lossy(&data)
+        .lines()
+        .filter(|l| l.trim_start().starts_with("server."))
+        .count();
+    if members < 2 {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "`{}` names one server, but it is a member of a {members}-server ZooKeeper ensemble, \
+         whose followers answer renewals on their own while cut off from their leader: set \
+         follower_lag to (syncLimit + 1) x tickTime of its zoo.cfg (12s for ZooKeeper's \
+         sample configuration), or follower_lag=0 to accept that risk",
+        config.redacted_url()
+    )))
 }
 
 /// Closes the sessions of `slots` that nobody but the map has held for

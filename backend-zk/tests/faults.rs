@@ -415,7 +415,8 @@ async fn a_renewal_answered_by_a_cut_off_follower_ends_before_the_next_grant() {
     .await
     .expect("connect");
     let other = Arc::new(
-        ZkBackend::connect(&format!("zk://{}", leader.addr()))
+        // On the leader, no follower reads to allow for.
+        ZkBackend::connect(&format!("zk://{}?follower_lag=0", leader.addr()))
             .await
             .expect("connect"),
     );

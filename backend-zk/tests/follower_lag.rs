@@ -1,8 +1,9 @@
 //! `follower_lag`: every deadline loses it, the shortest TTL grows with
 //! it, and a TTL that then leaves a lease no renewal room is refused with
 //! a typed error, before any I/O when the URL alone shows it, and without
-//! holding anything when the server negotiates a shorter session. (That
-//! the lag closes the gap a cut-off follower opens is in `faults.rs`.)
+//! holding anything when the server negotiates a shorter session. A URL
+//! naming one member of an ensemble must say its lag. (That the lag
+//! closes the gap a cut-off follower opens is in `faults.rs`.)
 
 mod common;
 
@@ -10,6 +11,7 @@ use std::time::Duration;
 
 use backend_zk::{min_ttl_for, ZkBackend};
 use lock_core::{ClockPolicy, LockBackend, LockError};
+use testkit::ZooKeeperEnsemble;
 use tokio::time::timeout;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -116,4 +118,47 @@ async fn a_session_the_server_shortens_below_the_room_is_refused_and_holds_nothi
         .await
         .expect("the refused client left nothing behind");
     other.release(&lease).await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_member_of_an_ensemble_needs_its_lag_said() {
+    let zk = tokio::task::spawn_blocking(|| ZooKeeperEnsemble::start(3))
+        .await
+        .unwrap()
+        .expect("start the ensemble");
+    let member = zk.members()[0].addr();
+    let name = common::unique("one-member");
+    let ttl = Duration::from_secs(10);
+    let bare = ZkBackend::connect(&format!("zk://{member}"))
+        .await
+        .expect("no I/O yet");
+    for _ in 0..2 {
+        match bare
+            .try_acquire(&common::req(&name, ttl, Duration::ZERO))
+            .await
+        {
+            Err(LockError::Config(why)) => {
+                assert!(why.contains("3-server"), "{why}");
+                assert!(why.contains("follower_lag"), "{why}");
+            }
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+    assert!(matches!(
+        bare.inspect(&name).await,
+        Err(LockError::Config(_))
+    ));
+    let lag = zk.follower_lag().as_millis();
+    for query in [
+        format!("follower_lag={lag}ms"),
+        "follower_lag=0".to_string(),
+    ] {
+        let said = ZkBackend::connect(&format!("zk://{member}?{query}"))
+            .await
+            .expect("connect");
+        let lease = common::try_take(&said, &name, ttl)
+            .await
+            .unwrap_or_else(|| panic!("{query}: free"));
+        said.release(&lease).await.expect("release");
+    }
 }
