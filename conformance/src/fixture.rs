@@ -165,6 +165,21 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// A new client whose network the case can delay or cut (the
+    /// [`Link`], see [`Fixture::client_through_proxy`]), with `op_timeout`;
+    /// where the fixture has no network to proxy, a plain new client and no
+    /// link, so the case holds it to the same bounds on a healthy network.
+    pub async fn client_through_proxy_if_any(
+        &self,
+        op_timeout: Duration,
+    ) -> (Arc<dyn LockBackend>, Option<Link>) {
+        match self.fx.client_through_proxy(op_timeout).await {
+            Ok(Some((client, link))) => (client, Some(link)),
+            Ok(None) => (self.client().await, None),
+            Err(e) => panic!("proxied client: {e}"),
+        }
+    }
+
     /// A locker over a new client.
     pub async fn locker(&self) -> Locker {
         Locker::from_arc(self.client().await)

@@ -239,15 +239,7 @@ pub(crate) async fn calls_answer_in_time_when_the_service_is_cut_off(ctx: &Ctx<'
     let theirs = raw_try(&holder, &name, ttl)
         .await
         .expect("the name is free");
-    let proxied = ctx
-        .fixture()
-        .client_through_proxy(op_timeout)
-        .await
-        .unwrap_or_else(|e| panic!("proxied client: {e}"));
-    let (client, link) = match proxied {
-        Some((client, link)) => (client, Some(link)),
-        None => (ctx.client().await, None),
-    };
+    let (client, link) = ctx.client_through_proxy_if_any(op_timeout).await;
     // Connections, sessions and scripts ready before the cut, so that what
     // is timed is the calls, not a first connect.
     let held = raw_try(&client, &mine, ttl).await.expect("free");
@@ -316,15 +308,7 @@ pub(crate) async fn acquisitions_on_a_slow_link_answer_within_one_op_timeout(ctx
     // request too many is late by a whole round trip.
     let slack = Duration::from_millis(300);
     let holder = ctx.client().await;
-    let proxied = ctx
-        .fixture()
-        .client_through_proxy(op_timeout)
-        .await
-        .unwrap_or_else(|e| panic!("proxied client: {e}"));
-    let (client, link) = match proxied {
-        Some((client, link)) => (client, Some(link)),
-        None => (ctx.client().await, None),
-    };
+    let (client, link) = ctx.client_through_proxy_if_any(op_timeout).await;
     // Connections and sessions of this TTL ready while the link is fast.
     let warm = raw_try(&client, &ctx.name("slow-link-warm"), ttl)
         .await
