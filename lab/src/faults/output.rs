@@ -489,6 +489,7 @@ fn observation_json(o: &Observation) -> Value {
         "release": o.release,
         "lost_before_release": o.lost_before_release,
         "granted_ttl_ms": o.granted_ttl_ms,
+        "trusted_ms": o.trusted_ms,
         "early_expiry_ms": o.early_expiry_ms,
     })
 }

@@ -935,6 +935,10 @@ pub struct Observation {
     pub lost_before_release: bool,
     /// The TTL `a` was granted, ms.
     pub granted_ttl_ms: Option<u64>,
+    /// How long `a`'s lease was trusted from its request's send time, ms:
+    /// its TTL less what the backend's clock policy takes off (drift,
+    /// margin, a ZooKeeper ensemble's follower lag).
+    pub trusted_ms: Option<u64>,
     /// How much earlier than `a`'s lease allowed the lock service let `b`
     /// in: `a`'s last grant or renewal request's send time + its TTL, minus
     /// `b`'s grant, ms (positive: the server expired `a`'s lease early;
@@ -968,6 +972,24 @@ fn note_value<T: std::str::FromStr>(events: &[Event], id: &str, key: &str) -> Op
             .and_then(|v| v.parse().ok()),
         _ => None,
     })
+}
+
+/// How long `a`'s first lease was trusted from its send time: the
+/// `deadline_in_ms` and `sent_ago_ms` of its `granted` note, which the
+/// client measured together.
+fn trusted_ms(events: &[Event]) -> Option<u64> {
+    let granted = events.iter().find_map(|e| match &e.kind {
+        EventKind::Note(text) if e.client == "a" && text.starts_with("granted ") => Some(text),
+        _ => None,
+    })?;
+    let value = |key: &str| {
+        granted
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))?
+            .parse::<u64>()
+            .ok()
+    };
+    Some(value("deadline_in_ms")? + value("sent_ago_ms")?)
 }
 
 /// `a`'s lease end by its last request sent before `b`'s grant at
@@ -1055,6 +1077,7 @@ pub fn analyse(events: &[Event], window: Window) -> Observation {
         release,
         lost_before_release,
         granted_ttl_ms: note_value(events, "a", "ttl_ms"),
+        trusted_ms: trusted_ms(events),
         early_expiry_ms: grant.and_then(|g| early_expiry_ms(events, g)),
         fault_start_ms: ms(window.fault_start),
         fault_end_ms: ms(window.fault_end),
@@ -1156,6 +1179,8 @@ mod tests {
                 ev(b_at, "b", EventKind::Grant(Some(2))),
             ]
         };
+        // Trusted from the grant's note alone, not the renewal's.
+        assert_eq!(analyse(&events(1000), window).trusted_ms, Some(1957));
         // b let in at 1000 ms: a's lease ran to 660 + 2000 = 2660 ms.
         assert_eq!(analyse(&events(1000), window).early_expiry_ms, Some(1660));
         // b let in at 3000 ms: on time, with 340 ms to spare.
