@@ -285,8 +285,18 @@ impl Held {
             }
             Err(_elapsed) => {
                 self.metrics.renew_failed();
-                self.mark_lost("no renewal answered before the deadline");
-                Err(self.lost_error())
+                // The deadline this call started with; the watchdog may
+                // have moved it meanwhile, and is_held records the loss
+                // only if not.
+                if self.is_held() {
+                    Err(LockError::transient(
+                        self.backend_name,
+                        "the renewal got no answer before the lease's earlier deadline; \
+                         the lease was renewed meanwhile",
+                    ))
+                } else {
+                    Err(self.lost_error())
+                }
             }
         }
     }

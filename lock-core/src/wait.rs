@@ -241,18 +241,53 @@ where
         return answer;
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
+    let (back_tx, back_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let answer = attempt.await;
-        if let Err(Ok(unwanted)) = tx.send(answer) {
+        let unwanted = match tx.send(answer) {
+            Err(Ok(unwanted)) => Some(unwanted),
+            Err(Err(_)) => None,
+            // Delivered, but the waiter may be dropped before it reads it:
+            // then the answer comes back (or the channel just closes, once
+            // the waiter has it).
+            Ok(()) => back_rx.await.ok(),
+        };
+        if let Some(unwanted) = unwanted {
             undo(unwanted).await;
         }
     });
-    rx.await.unwrap_or_else(|_| {
+    let mut answer = Answer {
+        rx,
+        back: Some(back_tx),
+    };
+    (&mut answer.rx).await.unwrap_or_else(|_| {
         Err(LockError::transient(
             "polylock",
             "an acquire attempt's task ended without an answer",
         ))
     })
+}
+
+/// The waiter's end of a [`detached`] attempt. Dropped unread, it sends an
+/// answer that had already arrived back to the attempt's task, to be
+/// undone there.
+struct Answer<T> {
+    rx: tokio::sync::oneshot::Receiver<Result<T, LockError>>,
+    back: Option<tokio::sync::oneshot::Sender<T>>,
+}
+
+impl<T> Drop for Answer<T> {
+    fn drop(&mut self) {
+        // Closed first, so that an answer sent from now on fails to send
+        // and the task undoes it itself; one sent before is still here.
+        self.rx.close();
+        if let Ok(Ok(unwanted)) = self.rx.try_recv() {
+            if let Some(back) = self.back.take() {
+                // The task waits for this until `back` is dropped.
+                let _ = back.send(unwanted);
+            }
+        }
+    }
 }
 
 /// The `undo` of [`detached`] for an attempt that answers with the lease it

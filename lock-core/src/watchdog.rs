@@ -178,8 +178,27 @@ fn ensure_running(inner: &Arc<Inner>, st: &mut State, at: Instant) -> bool {
     }
     st.generation += 1;
     st.planned = Some(at);
-    st.task = Some(tokio::spawn(run(Arc::downgrade(inner), st.generation)));
+    // Made before the spawn and moved into the task: a runtime that drops
+    // the task before its first poll (a current-thread runtime whose
+    // `block_on` returned first, then shut down) still restarts it.
+    let restart = Restart {
+        inner: Arc::downgrade(inner),
+        generation: st.generation,
+    };
+    // A runtime that is shutting down drops the task right here, with the
+    // state locked: its Restart must not take the lock then, and the
+    // finished handle makes the next schedule spawn again.
+    SPAWNING.set(true);
+    let task = tokio::spawn(run(restart));
+    SPAWNING.set(false);
+    st.task = Some(task);
     true
+}
+
+thread_local! {
+    /// Set while `ensure_running` spawns the scheduler with the state
+    /// locked.
+    static SPAWNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Restarts the scheduler if its task went away while leases are queued.
@@ -193,6 +212,9 @@ struct Restart {
 
 impl Drop for Restart {
     fn drop(&mut self) {
+        if SPAWNING.get() {
+            return;
+        }
         let Some(inner) = self.inner.upgrade() else {
             return;
         };
@@ -210,10 +232,19 @@ impl Drop for Restart {
                 .filter_map(|h| h.runtime.clone())
                 .collect()
         };
-        // The dying runtime drops what is spawned on it unpolled; the first
-        // live one restarts the scheduler, and the rest find it running.
-        for rt in runtimes {
-            restart_on(&rt, &inner);
+        restart_on_each(runtimes.into_iter(), &inner);
+    }
+}
+
+/// Has each of `runtimes` (once each) start the scheduler if it is not
+/// running. The dying runtime drops what is spawned on it unpolled; the
+/// first live one restarts the scheduler, and the rest find it running.
+fn restart_on_each(runtimes: impl Iterator<Item = tokio::runtime::Handle>, inner: &Arc<Inner>) {
+    let mut seen = Vec::new();
+    for rt in runtimes {
+        if !seen.contains(&rt.id()) {
+            seen.push(rt.id());
+            restart_on(&rt, inner);
         }
     }
 }
@@ -235,11 +266,8 @@ fn restart_on(rt: &tokio::runtime::Handle, inner: &Arc<Inner>) {
 /// The scheduler loop. Between rounds it holds only a weak reference, so it
 /// ends at its next wake-up (within [`IDLE`]) once its locker (every clone)
 /// and every lease it renews are gone.
-async fn run(inner: Weak<Inner>, generation: u64) {
-    let _restart = Restart {
-        inner: inner.clone(),
-        generation,
-    };
+async fn run(restart: Restart) {
+    let inner = restart.inner.clone();
     loop {
         let Some(strong) = inner.upgrade() else {
             return;
@@ -436,9 +464,9 @@ impl Drop for Requeue {
             .filter_map(Weak::upgrade)
             .filter(|h| !h.gone.is_cancelled())
             .collect();
-        let Some(first) = live.first() else {
+        if live.is_empty() {
             return;
-        };
+        }
         let mut st = lock(&self.inner);
         let now = Instant::now();
         for held in &live {
@@ -456,8 +484,10 @@ impl Drop for Requeue {
         if running {
             // If that task is dying too, its Restart finds these entries.
             self.inner.wake.notify_one();
-        } else if let Some(rt) = &first.runtime {
-            restart_on(rt, &self.inner);
+        } else {
+            // Each lease's runtime, as Restart does: the first may be the
+            // one dying, which drops what is spawned on it.
+            restart_on_each(live.iter().filter_map(|h| h.runtime.clone()), &self.inner);
         }
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use lock_core::{
     async_trait, AcquireRequest, Guarantees, HolderInfo, Lease, LockBackend, LockError, LockName,
-    Locker, MemoryBackend, Owner,
+    Locker, MemoryBackend, Owner, OwnerToken,
 };
 use tokio::time::{sleep, timeout, Instant};
 use tokio_util::sync::CancellationToken;
@@ -151,6 +151,38 @@ async fn the_scheduler_restarts_when_its_runtime_dies() {
         "no renewal after the scheduler's runtime died"
     );
     second.release().await.unwrap();
+    drop(first);
+}
+
+/// The same when runtime A never polled the scheduler task it was given:
+/// a current-thread runtime's `block_on` returns as soon as its future is
+/// ready, before any task it spawned runs, and dropping the runtime then
+/// drops that task unpolled.
+#[test]
+fn the_scheduler_restarts_when_its_runtime_dies_before_running_it() {
+    let locker = Locker::new(MemoryBackend::new());
+    let rt_a = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let first = rt_a.block_on(locker.lock("first").acquire()).unwrap();
+    let rt_b = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let second = rt_b
+        .block_on(locker.lock("second").ttl(Duration::from_secs(1)).acquire())
+        .unwrap();
+    drop(rt_a);
+    rt_b.block_on(async {
+        sleep(Duration::from_secs(3)).await;
+        assert!(
+            second.is_held(),
+            "no renewal after the scheduler's runtime died before running it"
+        );
+        second.release().await.unwrap();
+    });
     drop(first);
 }
 
@@ -682,6 +714,77 @@ async fn a_renewal_by_hand_moves_the_deadline_the_watchdog_retries_to() {
     sleep(Duration::from_secs(10)).await;
     assert!(guard.is_held(), "not renewed after the rescue");
     guard.release().await.unwrap();
+}
+
+/// A renewal by hand that never answers does not declare lost a lease the
+/// watchdog renewed meanwhile: it gives up at the deadline it started
+/// with, which is no longer the lease's.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_by_hand_timing_out_leaves_a_lease_the_watchdog_renewed() {
+    let backend = Probe::default();
+    let locker = Locker::new(backend.clone());
+    let guard = locker
+        .lock("slow-hand")
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    let first_deadline = guard.lease().deadline();
+    backend.hang_next_renew.store(true, Ordering::SeqCst);
+    let r = guard.renew().await;
+    assert!(
+        r.as_ref().is_err_and(|e| !e.is_lost() && e.is_retryable()),
+        "a renewal by hand that got no answer: {r:?}"
+    );
+    assert!(
+        Instant::now() >= first_deadline,
+        "it waited its deadline out"
+    );
+    assert!(
+        guard.lease().deadline() > first_deadline,
+        "the watchdog renewed"
+    );
+    assert!(
+        guard.is_held(),
+        "declared lost although the watchdog renewed it"
+    );
+    sleep(Duration::from_secs(10)).await;
+    assert!(guard.is_held(), "the watchdog stopped renewing");
+    guard.release().await.unwrap();
+}
+
+/// A detached attempt whose win was sent to a waiter that is dropped before
+/// reading it is undone: the lock is not left held by nobody.
+#[tokio::test(start_paused = true)]
+async fn a_detached_win_sent_to_a_dropped_waiter_is_undone() {
+    let backend = MemoryBackend::new();
+    let req = AcquireRequest::new(
+        name("detached"),
+        OwnerToken::random(),
+        Duration::from_secs(30),
+        Duration::ZERO,
+    )
+    .unwrap();
+    let attempt = {
+        let (backend, req) = (backend.clone(), req.clone());
+        async move {
+            sleep(Duration::from_millis(100)).await;
+            backend.try_acquire(&req).await
+        }
+    };
+    let mut waiter = Box::pin(lock_core::wait::detached(
+        attempt,
+        lock_core::wait::release_if_won(backend.clone()),
+    ));
+    assert!(futures::poll!(waiter.as_mut()).is_pending());
+    // The attempt wins and sends its lease; the waiter is not polled again.
+    sleep(Duration::from_millis(200)).await;
+    drop(waiter);
+    sleep(Duration::from_millis(10)).await;
+    assert!(
+        backend.inspect(&req.name).await.unwrap().is_none(),
+        "the win nobody read still holds the lock"
+    );
 }
 
 // ---- item 14 ----
