@@ -189,10 +189,11 @@ struct Inner {
     /// never taken over (plain_acquire.lua).
     ///
     /// With each mark, the id of the unanswered attempt, written beside the
-    /// plain-format grant it may have made (the bookkeeping hash's
-    /// `attempt`) and reused by the attempts after it: an owner token may
-    /// serve several acquisitions (one [`lock_core::Owner`] used twice, or
-    /// with two lockers), and only that attempt's grant is taken over.
+    /// grant (or, in the Redisson format, the hold) it may have made (the
+    /// bookkeeping hash's `attempt`) and reused by the attempts after it:
+    /// an owner token may serve several acquisitions (one
+    /// [`lock_core::Owner`] used twice, or with two lockers), and only that
+    /// attempt's grant is taken over.
     unanswered: Mutex<HashMap<(LockName, OwnerToken), String>>,
     /// One acquire attempt at a time per name and owner, each with what
     /// cleans up after it (`RetryInFlight`, a detached retry's undo). The
@@ -552,12 +553,16 @@ impl RedisBackend {
                 .arg(&meta)
                 .arg(1)
                 .arg(&attempt_id),
+            // The hold taken back must be the one this attempt's id added
+            // (redisson_acquire.lua), not another acquisition's of the
+            // same owner.
             (Format::Redisson, _) => inv
                 .key(keys.bookkeeping())
                 .arg(ttl_ms)
                 .arg(&holder)
                 .arg(u8::from(recover))
-                .arg(&meta),
+                .arg(&meta)
+                .arg(&attempt_id),
         };
         // Measured before sending: the deadline can only come early.
         let sent_at = Instant::now();

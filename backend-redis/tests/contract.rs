@@ -309,6 +309,60 @@ async fn a_redisson_retry_takes_back_its_unanswered_grant_without_a_second_hold(
     ours.release(&first).await.unwrap();
 }
 
+/// One owner holds a Redisson-format lock (one acquisition), and a second
+/// acquisition of the same owner on the same client sends an attempt that
+/// never reaches the server. Its next attempt is no take-back of the first
+/// acquisition's hold: it adds its own, so that the first's release leaves
+/// the lock held and nobody else gets it while the second holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redisson_retry_after_an_attempt_that_never_ran_adds_its_own_hold() {
+    let srv = common::server();
+    let proxy = Proxy::start(srv.addr()).unwrap();
+    let ours = common::backend(&format!(
+        "redis://127.0.0.1:{}/0?format=redisson&op_timeout=300ms",
+        proxy.port()
+    ))
+    .await;
+    let other = common::backend(&format!("{}?format=redisson", srv.url())).await;
+    let mut raw = common::raw(&srv.url()).await;
+    let n = name("contract/redisson-never-ran");
+    let request = req(&n, Duration::from_secs(30));
+    let first = ours.try_acquire(&request).await.unwrap().expect("free");
+    // The second acquisition's attempt is lost on the way: it never runs.
+    proxy.set_mode(Mode::Blackhole);
+    let lost = ours.try_acquire(&request).await;
+    assert!(
+        lost.as_ref().is_err_and(|e| e.is_retryable()),
+        "an attempt on a cut link: {lost:?}"
+    );
+    proxy.set_mode(Mode::Pass);
+    let holds: Vec<(String, String)> = raw.hgetall(n.as_str()).await.unwrap();
+    assert_eq!(holds.len(), 1, "{holds:?}");
+    assert_eq!(holds[0].1, "1", "the lost attempt ran: {holds:?}");
+    let second = ours
+        .try_acquire(&request)
+        .await
+        .unwrap()
+        .expect("the same owner re-enters");
+    let holds: Vec<(String, String)> = raw.hgetall(n.as_str()).await.unwrap();
+    assert_eq!(
+        holds[0].1, "2",
+        "the retry took the first acquisition's hold for its own: {holds:?}"
+    );
+    ours.release(&first).await.unwrap();
+    assert!(
+        other
+            .try_acquire(&req(&n, Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .is_none(),
+        "another owner got the lock while the second acquisition holds it"
+    );
+    ours.renew(&second).await.expect("the second holding");
+    ours.release(&second).await.unwrap();
+    assert!(ours.inspect(&n).await.unwrap().is_none(), "still held");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_evicted_fence_counter_never_hands_out_a_lower_token() {
     for query in FORMATS {
