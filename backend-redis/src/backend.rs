@@ -961,6 +961,15 @@ impl RedisBackend {
             });
             async move {
                 if let Some(lease) = self.granted(req, grants_ref.get(), refused_ref) {
+                    // An unanswered attempt of this wait may have taken
+                    // the grant back under its id: the grant is this
+                    // lease's now, so the mark goes, or the owner's next
+                    // acquisition would take it over as that attempt's.
+                    self.inner
+                        .unanswered
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&(req.name.clone(), req.owner));
                     return Ok(Some(lease));
                 }
                 let attempt = match detached {

@@ -622,3 +622,59 @@ async fn a_guard_handed_the_lock_renews_past_the_claim_window_to_its_ttl() {
     }
     assert!(checked, "no round's hand-off went by the release's grant");
 }
+
+/// A waiter whose attempts all go unanswered (a slow link) takes the lock
+/// from the grant message a release sent it. An attempt of that wait that
+/// reached the server after the grant took the grant back under the wait's
+/// attempt id; the lease now held, a second acquisition of the same owner
+/// on that client must not take over that grant as if it were its own
+/// unanswered attempt's: it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_taken_from_its_message_leaves_nothing_for_the_next_acquisition_to_take_over() {
+    let srv = server();
+    let holder = backend(&format!("{}/0?fair=true", srv.url())).await;
+    let proxy = testkit::Proxy::start(srv.addr()).unwrap();
+    let waiter = backend(&format!(
+        "redis://127.0.0.1:{}/0?fair=true&op_timeout=300ms",
+        proxy.port()
+    ))
+    .await;
+    let n = name("fair/granted-mark");
+    let owner = lock_core::OwnerToken::random();
+    let request = |wait| {
+        let mut r = lock_core::AcquireRequest::new(n.clone(), owner, TTL, wait).unwrap();
+        r.retry = Some(lock_core::wait::Backoff {
+            initial: Duration::from_millis(5),
+            max: Duration::from_millis(5),
+        });
+        r
+    };
+    let held = common::acquire_free(&holder, &n, TTL).await;
+    let task = spawn_timed_acquire(&waiter, request(Duration::from_secs(20)));
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            queued(&holder, &n).await == 1
+        })
+        .await
+    );
+    // The waiter's refused attempts follow one another every few ms, each
+    // answered. From now on every round trip takes 800 ms: each attempt
+    // times out, and the lease can only come from the grant message. The
+    // attempts sent just before the release reach the server after it.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.set_mode(testkit::Mode::Delay(Duration::from_millis(400)));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    holder.release(&held).await.unwrap();
+    let (_, got) = task.await.unwrap();
+    let lease = got.expect("the waiter is granted the lock");
+    assert_eq!(lease.ttl(), CLAIM, "not taken from the grant message");
+    proxy.set_mode(testkit::Mode::Pass);
+    // Attempts still on the slow link land.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let again = waiter.try_acquire(&request(Duration::ZERO)).await;
+    assert!(
+        matches!(again, Ok(None)),
+        "a second acquisition of the owner took over the held grant: {again:?}"
+    );
+    waiter.release(&lease).await.unwrap();
+}
