@@ -205,13 +205,14 @@ fn config_error(errors: &ErrorContext, e: sqlx::Error) -> LockError {
 
 /// Connects once directly (a pool hides "connection refused" behind its own
 /// timeout), creates the lock table if needed (or adds the columns an older
-/// one lacks), and closes the connection.
+/// one lacks), and closes the connection. Returns where the table lives
+/// ([`schema::Schema::namespace`]).
 async fn create_lock_table<O, C>(
     options: &O,
     config: &SqlConfig,
     sql: &Statements,
     errors: &ErrorContext,
-) -> Result<(), LockError>
+) -> Result<String, LockError>
 where
     O: ConnectOptions<Connection = C>,
     C: schema::Schema,
@@ -240,8 +241,15 @@ where
         }
         failed => failed,
     };
+    let namespace = match setup {
+        Ok(()) => conn
+            .namespace()
+            .await
+            .map_err(|e| errors.map("reading the database's name", e)),
+        Err(e) => Err(e),
+    };
     let _ = conn.close().await;
-    setup
+    namespace
 }
 
 impl SqlBackend {
@@ -281,6 +289,7 @@ impl SqlBackend {
         let sql = Statements::new(dialect, &config.table, &config.fence_table);
         let limit = config.connect_timeout;
         let mut hub = None;
+        let namespace;
         let size = config.pool_size + upkeep_size(config.pool_size);
         let pools = match dialect {
             Dialect::Sqlite => {
@@ -300,7 +309,7 @@ impl SqlBackend {
                 // retry those until the connect timeout.
                 let until = tokio::time::Instant::now() + config.connect_timeout;
                 let mut pause = Duration::from_millis(5);
-                loop {
+                namespace = loop {
                     match create_lock_table(&options, &config, &sql, &errors).await {
                         Err(e) if e.is_retryable() && tokio::time::Instant::now() < until => {
                             tokio::time::sleep(pause).await;
@@ -308,7 +317,7 @@ impl SqlBackend {
                         }
                         done => break done?,
                     }
-                }
+                };
                 let pool = |size| {
                     Pools::Sqlite(
                         SqlitePoolOptions::new()
@@ -324,7 +333,7 @@ impl SqlBackend {
             Dialect::Postgres => {
                 let options = PgConnectOptions::from_str(&config.driver_url)
                     .map_err(|e| config_error(&errors, e))?;
-                create_lock_table(&options, &config, &sql, &errors).await?;
+                namespace = create_lock_table(&options, &config, &sql, &errors).await?;
                 hub = Some(NotifyHub::new(options.clone(), sql.channel.clone(), limit));
                 let pool = |size| {
                     Pools::Postgres(
@@ -345,7 +354,7 @@ impl SqlBackend {
             Dialect::MySql => {
                 let options = MySqlConnectOptions::from_str(&config.driver_url)
                     .map_err(|e| config_error(&errors, e))?;
-                create_lock_table(&options, &config, &sql, &errors).await?;
+                namespace = create_lock_table(&options, &config, &sql, &errors).await?;
                 let pool = |size| {
                     Pools::MySql(
                         MySqlPoolOptions::new()
@@ -372,7 +381,16 @@ impl SqlBackend {
         );
         Ok(SqlBackend {
             inner: Arc::new(Inner {
-                space: LockSpace::named(&["sql", dialect.backend_name(), &config.table]),
+                // The database (and schema) as the server names it, not
+                // as the URL spelled it: every client of one table shares
+                // the space, and no client of another database's table of
+                // the same name does.
+                space: LockSpace::named(&[
+                    "sql",
+                    dialect.backend_name(),
+                    &namespace,
+                    &config.table,
+                ]),
                 guarantees: guarantees(dialect),
                 main_lane: Semaphore::new(config.pool_size as usize),
                 sqlite_writes: tokio::sync::Mutex::new(()),

@@ -64,6 +64,11 @@ pub(crate) trait Schema: Connection {
         lock_wait: Duration,
     ) -> Result<(), sqlx::Error>;
 
+    /// Where this connection's unqualified table names live, for the lock
+    /// space: the database (SQLite: its file's full path, as SQLite
+    /// resolved it) and, on PostgreSQL, the schema they resolve in.
+    async fn namespace(&mut self) -> Result<String, sqlx::Error>;
+
     /// Checks of the lock table beyond the probe statement.
     async fn check_lock_table(
         &mut self,
@@ -76,6 +81,12 @@ pub(crate) trait Schema: Connection {
 
 /// The file's write lock is waited for through the busy timeout.
 impl Schema for SqliteConnection {
+    async fn namespace(&mut self) -> Result<String, sqlx::Error> {
+        sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
+            .fetch_one(&mut *self)
+            .await
+    }
+
     async fn create(&mut self, create: &Arc<str>) -> Result<(), sqlx::Error> {
         self.execute(q(create)).await.map(drop)
     }
@@ -87,6 +98,12 @@ impl Schema for SqliteConnection {
 
 /// Creation runs under an advisory lock.
 impl Schema for PgConnection {
+    async fn namespace(&mut self) -> Result<String, sqlx::Error> {
+        sqlx::query_scalar("SELECT current_database() || '/' || COALESCE(current_schema(), '')")
+            .fetch_one(&mut *self)
+            .await
+    }
+
     async fn create(&mut self, create: &Arc<str>) -> Result<(), sqlx::Error> {
         let mut tx = self.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
@@ -126,6 +143,12 @@ impl Schema for PgConnection {
 
 /// The lock table must compare names byte by byte.
 impl Schema for MySqlConnection {
+    async fn namespace(&mut self) -> Result<String, sqlx::Error> {
+        sqlx::query_scalar("SELECT COALESCE(DATABASE(), '')")
+            .fetch_one(&mut *self)
+            .await
+    }
+
     async fn create(&mut self, create: &Arc<str>) -> Result<(), sqlx::Error> {
         self.execute(q(create)).await.map(drop)
     }

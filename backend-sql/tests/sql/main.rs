@@ -14,6 +14,7 @@ mod meta;
 mod races;
 mod restart;
 mod schema;
+mod space;
 mod stale_write;
 mod throughput;
 mod tls;
