@@ -128,28 +128,23 @@ macro_rules! pool_match {
     };
 }
 
-/// Opens one connection of `pools` and leaves it idle: a server
-/// connection costs a handshake of several round trips (TCP, TLS, SCRAM;
-/// tens of milliseconds, more in debug builds or on a loaded host), which a
-/// fresh client's first acquire, and worse its first renewal (on the upkeep
-/// pool, inside the TTL), would otherwise pay. One each: more would multiply
-/// the server's connections by the number of clients for a gain only
-/// back-to-back operations see.
-///
-/// # Cancel safety
-/// Cancel safe: a connection opened stays in the pool.
-/// An `after_connect` hook preparing the hot statements (see
+/// An `after_connect` hook setting the session's limits (see
+/// [`Dialect::session_limits`]) and preparing the hot statements (see
 /// [`Statements::hot`]) on each new connection.
 macro_rules! prepare_hot {
-    ($sql:expr, $types:expr) => {{
+    ($sql:expr, $limits:expr, $types:expr) => {{
         let hot: Arc<[(Arc<str>, Vec<_>)]> = $sql
             .hot()
             .into_iter()
             .map(|(statement, binds)| (statement, binds.into_iter().map($types).collect()))
             .collect();
+        let limits: Option<Arc<str>> = $limits.map(Arc::from);
         move |conn: &mut _, _| {
-            let hot = Arc::clone(&hot);
+            let (hot, limits) = (Arc::clone(&hot), limits.clone());
             Box::pin(async move {
+                if let Some(limits) = &limits {
+                    sqlx::Executor::execute(&mut *conn, q(limits)).await?;
+                }
                 for (statement, types) in hot.iter() {
                     sqlx::Executor::prepare_with(&mut *conn, q(statement).into_sql_str(), types)
                         .await?;
@@ -174,6 +169,16 @@ fn mysql_type(_: Bind) -> MySqlTypeInfo {
     <&[u8] as sqlx::Type<MySql>>::type_info()
 }
 
+/// Opens one connection of `pools` and leaves it idle: a server
+/// connection costs a handshake of several round trips (TCP, TLS, SCRAM;
+/// tens of milliseconds, more in debug builds or on a loaded host), which a
+/// fresh client's first acquire, and worse its first renewal (on the upkeep
+/// pool, inside the TTL), would otherwise pay. One each: more would multiply
+/// the server's connections by the number of clients for a gain only
+/// back-to-back operations see.
+///
+/// # Cancel safety
+/// Cancel safe: a connection opened stays in the pool.
 async fn warm(pools: &Pools, errors: &ErrorContext) -> Result<(), LockError> {
     let opened = pool_match!(pools, {
         Sqlite(p) | Postgres(p) | MySql(p) => p.acquire().await.map(drop),
@@ -345,7 +350,11 @@ impl SqlBackend {
                             // dead connection fails its statement, which
                             // `run` then sends again on a fresh one.
                             .test_before_acquire(false)
-                            .after_connect(prepare_hot!(sql, pg_type))
+                            .after_connect(prepare_hot!(
+                                sql,
+                                dialect.session_limits(config.op_timeout),
+                                pg_type
+                            ))
                             .connect_lazy_with(options.clone()),
                     )
                 };
@@ -363,7 +372,11 @@ impl SqlBackend {
                             .idle_timeout(Some(Duration::from_secs(60)))
                             // As for PostgreSQL: no ping per statement.
                             .test_before_acquire(false)
-                            .after_connect(prepare_hot!(sql, mysql_type))
+                            .after_connect(prepare_hot!(
+                                sql,
+                                dialect.session_limits(config.op_timeout),
+                                mysql_type
+                            ))
                             .connect_lazy_with(options.clone()),
                     )
                 };

@@ -497,7 +497,12 @@ async fn one_owner_sends_one_acquire_per_name_at_a_time() {
 
 /// More waiters than pool connections, stuck in the database (on a row
 /// another transaction locks): the holder of another lock of the same
-/// client keeps renewing and keeps its lock.
+/// client keeps renewing and keeps its lock. Also once the waiters' stuck
+/// statements time out and they try again on other connections: a
+/// statement the client gave up on ends in the database too (a server-side
+/// statement or lock-wait limit), which gives its connection back to the
+/// pool; otherwise each retry stranded one more connection, until the
+/// renewals found none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_do_not_starve_renewals() {
     let dbs = common::all().await;
@@ -508,7 +513,9 @@ async fn waiters_do_not_starve_renewals() {
         .filter(|d| d.dialect != backend_sql::Dialect::Sqlite)
     {
         let d = db.dialect;
-        let url = db.url_with("pool_size=2");
+        // Timeouts of 1 s strand one connection a second: all three (two
+        // and one for upkeep) by the second TTL.
+        let url = db.url_with("pool_size=2&op_timeout=1s");
         let client = SqlBackend::connect(&url).await.unwrap();
         let locker = Locker::new(client.clone());
         let (held, busy) = (unique("held"), unique("busy"));
