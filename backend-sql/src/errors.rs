@@ -123,6 +123,24 @@ impl ErrorContext {
         )
     }
 
+    /// A COMMIT that was sent and got no answer (`e`): not retryable, as
+    /// sending the transaction again may apply it twice.
+    pub(crate) fn maybe_applied(&self, e: &LockError) -> LockError {
+        // The cause's own words (they name the operation and the server),
+        // without its "retryable" label.
+        let why = match e {
+            LockError::Backend { source, .. } => source.to_string(),
+            other => other.to_string(),
+        };
+        LockError::permanent(
+            self.dialect.backend_name(),
+            SqlError::new(self.scrub(format!(
+                "{why}, after COMMIT was sent: the write may have been applied; check before \
+                 writing again"
+            ))),
+        )
+    }
+
     /// A result the protocol does not allow (a bug or a foreign schema).
     pub(crate) fn protocol(&self, op: &str, what: String) -> LockError {
         LockError::permanent(

@@ -58,6 +58,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use lock_core::{FencingToken, Lease, LockError};
@@ -108,7 +109,7 @@ macro_rules! begin {
 /// `token` for `resource` if no higher one was, then runs the statements
 /// and commits. The value of the fenced write's closure.
 macro_rules! check_then_run {
-    ($tx:ident, $sql:expr, $holding:expr, $resource:expr, $token:expr, $statements:expr) => {{
+    ($tx:ident, $sql:expr, $holding:expr, $resource:expr, $token:expr, $statements:expr, $committing:expr) => {{
         if let Some(h) = $holding {
             let live = sqlx::query(AssertSqlSafe(Arc::clone(&$sql.holding)))
                 .bind($resource)
@@ -135,6 +136,7 @@ macro_rules! check_then_run {
             .is_some();
         if ok {
             let rows = run_statements!($tx, $statements);
+            $committing.store(true, Ordering::Relaxed);
             $tx.commit().await?;
             Ok(Ok(rows))
         } else {
@@ -351,12 +353,17 @@ impl FencedWrite<'_> {
     ///
     /// `Ok(Stale)` when the token is outdated (nothing written); `Err` for
     /// database errors (nothing written, rolled back), retryable when a
-    /// retry may succeed.
+    /// retry may succeed. One exception: when COMMIT was sent and no answer
+    /// came (the `op_timeout` ran out, the connection broke), the write may
+    /// have been applied; that error is not retryable and says "may have
+    /// been applied", so that a caller retrying retryable errors does not
+    /// apply a write twice (check what the write did before repeating it).
     ///
     /// # Cancel safety
     /// Cancel safe: the transaction commits entirely or not at all; a
     /// dropped future rolls it back (or leaves it to the database to roll
-    /// back when the connection closes).
+    /// back when the connection closes), unless its COMMIT was already
+    /// sent, which the database may still apply.
     pub async fn execute(self) -> Result<FenceOutcome, LockError> {
         if self.resource.is_empty() || self.resource.len() > 512 {
             return Err(LockError::Config(
@@ -372,21 +379,25 @@ impl FencedWrite<'_> {
         let resource = self.resource.as_str();
         let holding = self.holding.as_ref();
         let statements = &self.statements;
+        // Whether the last try's COMMIT went out: after that, no answer
+        // leaves the outcome unknown.
+        let committing = &AtomicBool::new(false);
         // Not sent again on a broken connection: the break may have come
         // after the commit. The transaction's BEGIN is retried instead.
         let outcome: Result<u64, Refused> = self
             .backend
             .run_once_sent("fenced write", || async move {
+                committing.store(false, Ordering::Relaxed);
                 match self.backend.pools() {
                     Pools::Postgres(p) => {
                         let mut tx = begin!(dialect, p.begin());
-                        check_then_run!(tx, sql, holding, resource, token, statements)
+                        check_then_run!(tx, sql, holding, resource, token, statements, committing)
                     }
                     Pools::Sqlite(p) => {
                         // IMMEDIATE: take the write lock now, so two fenced
                         // writers cannot both read and then fail to upgrade.
                         let mut tx = begin!(dialect, p.begin_with("BEGIN IMMEDIATE"));
-                        check_then_run!(tx, sql, holding, resource, token, statements)
+                        check_then_run!(tx, sql, holding, resource, token, statements, committing)
                     }
                     Pools::MySql(p) => {
                         let mut tx = begin!(dialect, p.begin());
@@ -422,12 +433,23 @@ impl FencedWrite<'_> {
                             return Ok(Err(Refused::Fence(current)));
                         }
                         let rows = run_statements!(tx, statements);
+                        committing.store(true, Ordering::Relaxed);
                         tx.commit().await?;
                         Ok(Ok(rows))
                     }
                 }
             })
-            .await?;
+            .await
+            .map_err(|e| {
+                // A definite refusal of the COMMIT is not retryable, or it
+                // was retried (a conflict rolled it back): what is left
+                // retryable here is an unanswered COMMIT.
+                if committing.load(Ordering::Relaxed) && e.is_retryable() {
+                    self.backend.errors().maybe_applied(&e)
+                } else {
+                    e
+                }
+            })?;
         let newer = |v: u64| {
             FencingToken::new(v).ok_or_else(|| {
                 self.backend

@@ -229,3 +229,59 @@ async fn token_only_fenced_write_sees_only_recorded_tokens() {
         }
     );
 }
+
+/// A fenced write whose COMMIT was sent but not answered in time may have
+/// been applied: the error says so and is not retryable, so that a caller
+/// retrying retryable errors does not apply a non-idempotent write twice.
+/// PostgreSQL, whose deferred constraint triggers run inside COMMIT: one
+/// that sleeps makes the COMMIT outlast what is left of the op_timeout,
+/// while the server's statement limit (op_timeout for each statement)
+/// lets it finish.
+#[tokio::test]
+async fn a_commit_sent_without_an_answer_is_reported_as_maybe_applied() {
+    let db = tokio::task::spawn_blocking(common::postgres).await.unwrap();
+    let table = unique("slow_commit");
+    exec(
+        &db.base,
+        &[
+            &format!("CREATE TABLE {table} (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)"),
+            &format!("INSERT INTO {table} VALUES (1, 0)"),
+            &format!(
+                "CREATE FUNCTION {table}_sleep() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN PERFORM pg_sleep(0.8); RETURN NULL; END $$"
+            ),
+            &format!(
+                "CREATE CONSTRAINT TRIGGER {table}_slow AFTER UPDATE ON {table} \
+                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {table}_sleep()"
+            ),
+        ],
+    )
+    .await;
+    let client = backend_sql::SqlBackend::connect(&db.url_with("op_timeout=1s"))
+        .await
+        .unwrap();
+    let lease = common::try_once(&client, &unique("slow-commit"), Duration::from_secs(30))
+        .await
+        .expect("free");
+    // 0.6 s of statements, then a COMMIT of 0.8 s: the client's second
+    // runs out during the COMMIT, no statement reaches the server's limit.
+    let r = client
+        .fenced(&lease)
+        .statement("SELECT pg_sleep(0.6)", [])
+        .statement(format!("UPDATE {table} SET n = n + 1 WHERE id = 1"), [])
+        .execute()
+        .await;
+    let e = r.expect_err("the COMMIT outlasted the op_timeout");
+    assert!(
+        !e.is_retryable(),
+        "retryable although it may have been applied: {e}"
+    );
+    assert!(e.to_string().contains("may have been applied"), "{e}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        fetch_text(&db.base, &format!("SELECT CAST(n AS TEXT) FROM {table}")).await,
+        "1",
+        "the COMMIT landed (what the error must not deny)"
+    );
+    client.release(&lease).await.unwrap();
+}
