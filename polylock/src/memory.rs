@@ -22,11 +22,10 @@ pub(crate) fn guarantees() -> lock_core::Guarantees {
 /// # Cancel safety
 /// Cancel safe: it does no I/O.
 pub(crate) async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
-    let rest = url
-        .split_once("://")
-        .map(|(_, r)| r)
-        .or_else(|| url.strip_prefix("memory:"))
-        .unwrap_or("");
+    // After the scheme, whatever its case (the registry matched it so),
+    // with or without `//`.
+    let rest = url.split_once(':').map_or("", |(_, r)| r);
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
     if rest.contains(['?', '#', '@']) {
         return Err(LockError::Config(format!(
             "`{}`: memory:// takes only a table name, no options",

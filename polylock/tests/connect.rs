@@ -23,6 +23,50 @@ async fn memory_urls_share_a_table_per_name() {
     assert!(available_schemes().contains(&"memory"));
 }
 
+/// The scheme is case-insensitive in every spelling, with or without `//`:
+/// `Memory:jobs` is the table `jobs`, not the empty name's.
+#[tokio::test]
+async fn memory_urls_name_their_table_whatever_the_scheme_case() {
+    let held = connect("memory:jobs-case")
+        .await
+        .unwrap()
+        .lock("job")
+        .acquire()
+        .await
+        .unwrap();
+    for url in [
+        "Memory:jobs-case",
+        "MEMORY://jobs-case",
+        "memory://jobs-case",
+    ] {
+        let other = connect(url).await.unwrap();
+        assert!(
+            other.lock("job").try_acquire().await.unwrap().is_none(),
+            "{url}: not the table memory:jobs-case"
+        );
+    }
+    let elsewhere = connect("Memory:other-case").await.unwrap();
+    let g = elsewhere
+        .lock("job")
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("Memory:other-case is another table");
+    assert!(
+        connect("Memory:third-case")
+            .await
+            .unwrap()
+            .lock("job")
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_some(),
+        "Memory:third-case shares a table with Memory:other-case"
+    );
+    g.release().await.unwrap();
+    held.release().await.unwrap();
+}
+
 fn config_message(r: Result<polylock::Locker, LockError>) -> String {
     match r {
         Err(LockError::Config(m)) => m,
