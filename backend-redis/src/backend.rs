@@ -1286,19 +1286,28 @@ fn new_waiter_id() -> String {
 
 /// One `acquire` call's place in a fair lock's queue. Dropped while still
 /// armed (the call was cancelled), it leaves the queue from a spawned task,
-/// best effort: the entry's deadline removes it otherwise.
+/// best effort: the entry's deadline removes it otherwise. That task first
+/// takes the turn of the call's name and owner, which a retry in flight
+/// holds until the release sent behind it is answered (`RetryInFlight`):
+/// so the leave runs after that retry, which would otherwise queue the
+/// waiter again if it landed after the leave (the leave may go out on a
+/// fresh connection, the retry sits on a slow one).
 struct QueueEntry {
     backend: RedisBackend,
     keys: Keys,
+    name: LockName,
+    owner: OwnerToken,
     id: String,
     armed: bool,
 }
 
 impl QueueEntry {
-    fn new(backend: RedisBackend, keys: Keys) -> Self {
+    fn new(backend: RedisBackend, keys: Keys, req: &AcquireRequest) -> Self {
         QueueEntry {
             backend,
             keys,
+            name: req.name.clone(),
+            owner: req.owner,
             id: new_waiter_id(),
             armed: true,
         }
@@ -1331,7 +1340,9 @@ impl Drop for QueueEntry {
             self.keys.clone(),
             std::mem::take(&mut self.id),
         );
+        let turn = backend.inner.turns.take(&self.name, self.owner);
         rt.spawn(async move {
+            let _turn = turn.await;
             if let Err(e) = backend.leave_queue(&keys, &id).await {
                 tracing::debug!(error = %e, "polylock redis: a cancelled waiter could not leave the queue; the entry expires by itself");
             }
@@ -1411,7 +1422,7 @@ impl LockBackend for RedisBackend {
         if !self.inner.config.fair {
             return self.inner.space.stamp(self.wait_for(req, None).await);
         }
-        let mut entry = QueueEntry::new(self.clone(), self.key_set(&req.name)?);
+        let mut entry = QueueEntry::new(self.clone(), self.key_set(&req.name)?, req);
         let r = self.wait_for(req, Some(&entry.id)).await;
         match &r {
             // A granting script took the entry out; a request that may not

@@ -678,3 +678,49 @@ async fn a_grant_taken_from_its_message_leaves_nothing_for_the_next_acquisition_
     );
     waiter.release(&lease).await.unwrap();
 }
+
+/// A waiter cancelled while a retry is still on its way to the server
+/// leaves the queue after that retry ran, not before it: a leave that
+/// overtook the retry (on a fresh connection, while the retry sat on a
+/// slow one) was undone by it, which queued the departed waiter again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waiters_leave_comes_after_its_retry_in_flight() {
+    let srv = server();
+    let holder = backend(&format!("{}/0?fair=true", srv.url())).await;
+    let proxy = testkit::Proxy::start(srv.addr()).unwrap();
+    let waiter = backend(&format!(
+        "redis://127.0.0.1:{}/0?fair=true&op_timeout=5s",
+        proxy.port()
+    ))
+    .await;
+    let admin = raw(&srv.url()).await;
+    let n = name("fair/leave-after-retry");
+    let keys = holder.keys(&n).unwrap();
+    let lease = common::acquire_free(&holder, &n, TTL).await;
+    let mut request = wait_req(&n, TTL, Duration::from_secs(60));
+    request.retry = Some(lock_core::wait::Backoff {
+        initial: Duration::from_millis(5),
+        max: Duration::from_millis(5),
+    });
+    let task = spawn_timed_acquire(&waiter, request);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            queued(&holder, &n).await == 1
+        })
+        .await
+    );
+    // A retry goes out and is held back on the way; then the link is fast
+    // again for what is sent next, and the wait is cancelled.
+    proxy.set_mode(testkit::Mode::Delay(Duration::from_millis(800)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.set_mode(testkit::Mode::Pass);
+    task.abort();
+    // The held-back retry has landed, and what follows it.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(
+        zcard(&admin, &keys.queue).await,
+        0,
+        "the cancelled waiter is queued again"
+    );
+    holder.release(&lease).await.unwrap();
+}
