@@ -635,9 +635,11 @@ impl RedlockBackend {
             .arg(ttl_ms)
             .arg(&meta)
             // The value is this attempt's alone: a key holding it can only
-            // be this attempt's own grant, so it is always taken over, and
-            // no attempt id (ARGV[5]) is needed to tell whose it is.
-            .arg("1");
+            // be this attempt's own grant (a send the driver repeated), so
+            // it is always taken over; the value serves as the attempt id
+            // (ARGV[5]) the take-over checks and records.
+            .arg("1")
+            .arg(&owner);
         let policy = ClockPolicy {
             drift: req.clock.drift.max(self.inner.config.drift_factor),
             margin: req.clock.margin.max(self.inner.config.drift),
