@@ -339,7 +339,12 @@ impl SqlBackend {
                 let options = PgConnectOptions::from_str(&config.driver_url)
                     .map_err(|e| config_error(&errors, e))?;
                 namespace = create_lock_table(&options, &config, &sql, &errors).await?;
-                hub = Some(NotifyHub::new(options.clone(), sql.channel.clone(), limit));
+                hub = Some(NotifyHub::new(
+                    options.clone(),
+                    sql.channel.clone(),
+                    limit,
+                    errors.clone(),
+                ));
                 let pool = |size| {
                     Pools::Postgres(
                         PgPoolOptions::new()

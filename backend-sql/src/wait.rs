@@ -28,6 +28,8 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
+use crate::errors::ErrorContext;
+
 /// The first pause of a polling waiter: short, because most waits in
 /// practice end with a release that is already under way.
 const FIRST_PAUSE: Duration = Duration::from_millis(2);
@@ -58,6 +60,8 @@ pub(crate) struct NotifyHub {
     options: PgConnectOptions,
     channel: String,
     connect_timeout: Duration,
+    /// Renders the listener's errors without the password.
+    errors: ErrorContext,
 }
 
 impl NotifyHub {
@@ -65,6 +69,7 @@ impl NotifyHub {
         options: PgConnectOptions,
         channel: String,
         connect_timeout: Duration,
+        errors: ErrorContext,
     ) -> Self {
         // Capacity only matters for waiters that lag; a lagging waiter is
         // simply woken (see `arm`), so a small buffer is enough.
@@ -76,6 +81,7 @@ impl NotifyHub {
             options,
             channel,
             connect_timeout,
+            errors,
         }
     }
 
@@ -98,6 +104,7 @@ impl NotifyHub {
                     self.options.clone(),
                     self.channel.clone(),
                     self.connect_timeout,
+                    self.errors.clone(),
                 )));
             }
         }
@@ -154,6 +161,7 @@ async fn listen(
     options: PgConnectOptions,
     channel: String,
     connect_timeout: Duration,
+    errors: ErrorContext,
 ) {
     let mut pause = Duration::from_millis(50);
     loop {
@@ -189,7 +197,7 @@ async fn listen(
                             let _ = tx.send(Wake::All);
                         }
                         Err(e) => {
-                            tracing::debug!(error = %e, "polylock sql: LISTEN connection lost");
+                            tracing::debug!(error = %errors.shown(&e), "polylock sql: LISTEN connection lost");
                             break;
                         }
                     }
@@ -198,7 +206,7 @@ async fn listen(
                 let _ = tx.send(Wake::All);
             }
             Err(e) => {
-                tracing::debug!(error = %e, "polylock sql: cannot LISTEN yet; waiters poll");
+                tracing::debug!(error = %errors.shown(&e), "polylock sql: cannot LISTEN yet; waiters poll");
             }
         }
         pool.close().await;
