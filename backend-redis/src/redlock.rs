@@ -617,6 +617,15 @@ impl RedlockBackend {
         }
     }
 
+    /// The stricter of `asked` and this client's configured drift: node
+    /// clocks may run fast by that much, whoever asks.
+    fn policy_for(&self, asked: ClockPolicy) -> ClockPolicy {
+        ClockPolicy {
+            drift: asked.drift.max(self.inner.config.drift_factor),
+            margin: asked.margin.max(self.inner.config.drift),
+        }
+    }
+
     /// One acquire attempt; see the module docs.
     async fn attempt(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         let keys = self.key_set(&req.name)?;
@@ -640,10 +649,7 @@ impl RedlockBackend {
             // (ARGV[5]) the take-over checks and records.
             .arg("1")
             .arg(&owner);
-        let policy = ClockPolicy {
-            drift: req.clock.drift.max(self.inner.config.drift_factor),
-            margin: req.clock.margin.max(self.inner.config.drift),
-        };
+        let policy = self.policy_for(req.clock);
         // Measured before sending: the validity can only come out short.
         let sent_at = Instant::now();
         let replies = self.on_all::<(i64, i64)>(&inv).await;
@@ -812,7 +818,13 @@ impl RedlockBackend {
         ttl_ms: u64,
         sent_at: Instant,
     ) -> Result<Lease, LockError> {
-        let renewed = lease.renewed(Duration::from_millis(ttl_ms), sent_at);
+        let ttl = Duration::from_millis(ttl_ms);
+        // This client's drift allowance whatever the lease carries (a
+        // migration lock rebuilds its sides' leases under the laxer policy
+        // of the two).
+        let renewed = lease
+            .renewed(ttl, sent_at)
+            .with_deadline_no_later_than(self.policy_for(lease.policy()).deadline(sent_at, ttl));
         let now = Instant::now();
         if tally.ok >= self.quorum() && now < lease.deadline() && now < renewed.deadline() {
             return Ok(renewed);

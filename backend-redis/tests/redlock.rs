@@ -1347,3 +1347,41 @@ async fn a_node_re_seeded_above_the_token_is_still_released() {
     assert!(next.fence().get() > above);
     c.release(&next).await.unwrap();
 }
+
+/// A renewal keeps the client's own clock-drift allowance whatever policy
+/// the lease it is given carries (a migration lock rebuilds its sides'
+/// leases with the laxer policy of the two): the renewed deadline loses
+/// `drift_factor` of the TTL and `drift`, as the grant's did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_keeps_the_configured_drift_whatever_the_lease_carries() {
+    let servers = RedisServer::start_independent(3, &[]).expect("start three redis-servers");
+    let client = RedlockBackend::connect(&url(&servers, "?drift_factor=0.2&drift=200ms"))
+        .await
+        .expect("connect");
+    let ttl = Duration::from_secs(10);
+    // drift 0.2 × 10 s + 200 ms.
+    let trusted = Duration::from_millis(7_800);
+    let n = name("drift-renewal");
+    let lease = client
+        .try_acquire(&req(&n, ttl))
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(lease.deadline() <= lease.sent_at() + trusted, "{lease:?}");
+    let laxer = Lease::new(
+        n.clone(),
+        lease.owner(),
+        lease.fence(),
+        ttl,
+        lease.sent_at(),
+        lock_core::ClockPolicy::default(),
+    )
+    .with_backend_key(lease.backend_key().expect("the attempt's value"));
+    let renewed = client.renew(&laxer).await.expect("renew");
+    assert!(
+        renewed.deadline() <= renewed.sent_at() + trusted,
+        "the renewal trusted {:?} of a {ttl:?} TTL",
+        renewed.deadline() - renewed.sent_at()
+    );
+    client.release(&lease).await.unwrap();
+}
