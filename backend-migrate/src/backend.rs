@@ -230,34 +230,39 @@ impl MigrateBackend {
             let Some(legacy) = legacy else {
                 return Ok(None);
             };
+            // Released if this future is dropped before it returns both.
+            let mut legacy = Taken::new(&self.legacy, legacy);
             // The legacy lease is not renewed while we wait for the target:
             // wait at most half of what is left of it.
             let now = Instant::now();
             side.wait = deadline
                 .saturating_duration_since(now)
-                .min(legacy.deadline().saturating_duration_since(now) / 2);
+                .min(legacy.lease().deadline().saturating_duration_since(now) / 2);
             let target = if wait && !side.wait.is_zero() {
                 self.target.acquire(&side).await
             } else {
                 self.target.try_acquire(&side).await
             };
             match target {
-                Ok(Some(target)) => match self.refresh_legacy(legacy).await {
-                    Ok(legacy) => return Ok(Some(combine(legacy, target))),
-                    Err(e) => {
-                        self.release_quietly(&self.target, &target).await;
-                        if !e.is_lost() {
-                            return Err(e);
-                        }
-                        if !legacy_ran_out {
-                            legacy_ran_out = true;
-                            continue;
+                Ok(Some(target)) => {
+                    let target = Taken::new(&self.target, target);
+                    match self.refresh_legacy(&mut legacy).await {
+                        Ok(()) => return Ok(Some(combine(legacy.keep(), target.keep()))),
+                        Err(e) => {
+                            target.release().await;
+                            if !e.is_lost() {
+                                return Err(e);
+                            }
+                            if !legacy_ran_out {
+                                legacy_ran_out = true;
+                                continue;
+                            }
                         }
                     }
-                },
-                Ok(None) => self.release_quietly(&self.legacy, &legacy).await,
+                }
+                Ok(None) => legacy.release().await,
                 Err(e) => {
-                    self.release_quietly(&self.legacy, &legacy).await;
+                    legacy.release().await;
                     return Err(e);
                 }
             }
@@ -279,30 +284,23 @@ impl MigrateBackend {
     /// before the holder starts. A renew never resurrects, so success means
     /// the legacy lock was ours throughout. On failure the legacy lock is
     /// released.
-    async fn refresh_legacy(&self, legacy: Lease) -> Result<Lease, LockError> {
-        let left = legacy.deadline().saturating_duration_since(Instant::now());
-        if left > legacy.ttl() / 2 {
-            return Ok(legacy);
+    async fn refresh_legacy(&self, legacy: &mut Taken) -> Result<(), LockError> {
+        let left = legacy
+            .lease()
+            .deadline()
+            .saturating_duration_since(Instant::now());
+        if left > legacy.lease().ttl() / 2 {
+            return Ok(());
         }
-        match self.legacy.renew(&legacy).await {
-            Ok(renewed) => Ok(renewed),
+        match self.legacy.renew(legacy.lease()).await {
+            Ok(renewed) => {
+                legacy.replace(renewed);
+                Ok(())
+            }
             Err(e) => {
-                self.release_quietly(&self.legacy, &legacy).await;
+                legacy.release_now().await;
                 Err(e)
             }
-        }
-    }
-
-    /// Releases one side after a failed step; the lock then frees at once
-    /// instead of at its TTL. An error only delays that, so it is logged.
-    async fn release_quietly(&self, side: &Arc<dyn LockBackend>, lease: &Lease) {
-        if let Err(e) = side.release(lease).await {
-            tracing::debug!(
-                backend = side.guarantees().backend,
-                name = %lease.name(),
-                error = %e,
-                "migrate: releasing one side after a failed step"
-            );
         }
     }
 
@@ -329,6 +327,74 @@ impl MigrateBackend {
             side(parts.legacy_fence, parts.legacy_key),
             side(lease.fence(), parts.target_key),
         ))
+    }
+}
+
+/// One side's lease while `take_both` holds it and has not returned it:
+/// released from a task if the acquire's future is dropped first (a
+/// cancelled wait for the target), so the lock does not stay held by
+/// nobody until its TTL.
+struct Taken {
+    side: Arc<dyn LockBackend>,
+    lease: Option<Lease>,
+}
+
+impl Taken {
+    fn new(side: &Arc<dyn LockBackend>, lease: Lease) -> Self {
+        Taken {
+            side: Arc::clone(side),
+            lease: Some(lease),
+        }
+    }
+
+    fn lease(&self) -> &Lease {
+        self.lease.as_ref().expect("held until kept or released")
+    }
+
+    fn replace(&mut self, lease: Lease) {
+        self.lease = Some(lease);
+    }
+
+    /// Hands the lease to the caller.
+    fn keep(mut self) -> Lease {
+        self.lease.take().expect("held until kept or released")
+    }
+
+    /// Releases the lock now; dropped meanwhile, the drop releases it.
+    async fn release_now(&mut self) {
+        if let Some(lease) = &self.lease {
+            release_quietly(&self.side, lease).await;
+        }
+        self.lease = None;
+    }
+
+    async fn release(mut self) {
+        self.release_now().await;
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        let (Some(lease), Ok(rt)) = (self.lease.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let side = Arc::clone(&self.side);
+        rt.spawn(async move { release_quietly(&side, &lease).await });
+    }
+}
+
+/// Releases one side after a failed or cancelled step; the lock then frees
+/// at once instead of at its TTL. An error only delays that, so it is
+/// logged.
+async fn release_quietly(side: &Arc<dyn LockBackend>, lease: &Lease) {
+    if let Err(e) = side.release(lease).await {
+        tracing::debug!(
+            backend = side.guarantees().backend,
+            name = %lease.name(),
+            error = %e,
+            "migrate: releasing one side after a failed step"
+        );
     }
 }
 
@@ -395,10 +461,11 @@ impl LockBackend for MigrateBackend {
     /// fails.
     ///
     /// # Cancel safety
-    /// Not cancel safe: dropped during either step or between them, the
-    /// legacy lock (and, during the target's attempt, the target lock) may
-    /// stay taken by nobody until its TTL runs out, as with any dropped
-    /// attempt.
+    /// Not cancel safe, as any attempt is not: dropped during a side's
+    /// attempt, that side's lock may stay taken by nobody until its TTL
+    /// runs out. A lock already taken (the legacy one while the target is
+    /// tried, both while the legacy one is refreshed) is released from a
+    /// task when the future is dropped.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         match self.only() {
             Some(side) => side.try_acquire(req).await,
@@ -416,9 +483,10 @@ impl LockBackend for MigrateBackend {
     /// Not cancel safe. Dropped while it waits between attempts, nothing
     /// is left behind; dropped during an attempt on the legacy lock (each
     /// wait's first attempt runs inline, as in the legacy backend's own
-    /// `acquire`), or while it waits for the target lock, or while it
-    /// refreshes or gives back the legacy lock, a lock it took may stay
-    /// taken by nobody until its TTL runs out.
+    /// `acquire`), that lock may stay taken by nobody until its TTL runs
+    /// out. A lock already taken (the legacy one while it waits for the
+    /// target, both while the legacy one is refreshed) is released from a
+    /// task when the future is dropped.
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         match self.only() {
             Some(side) => side.acquire(req).await,
@@ -475,9 +543,10 @@ impl LockBackend for MigrateBackend {
         }
     }
 
-    /// In `both`: releases the target lock, then the legacy lock (the
-    /// reverse of acquire), the legacy one even when the target's release
-    /// failed: the holder has stopped, so the legacy fleet may go on.
+    /// In `both`: releases both locks at once (one round trip's time, which
+    /// a caller with a short budget for its release, `polylock run` at
+    /// exit, needs), the legacy one even when the target's release fails:
+    /// the holder has stopped, so the legacy fleet may go on.
     /// `Err(Lost)` when either side reports it; otherwise the first error.
     ///
     /// # Cancel safety
@@ -492,8 +561,8 @@ impl LockBackend for MigrateBackend {
         // Stops the task watching the sides' revocation signals when this
         // release ends, also when it is dropped half-way.
         let _stop = lease.revocation().map(|r| r.clone().drop_guard());
-        let t = self.target.release(&target).await;
-        let l = self.legacy.release(&legacy).await;
+        let (t, l) =
+            futures::future::join(self.target.release(&target), self.legacy.release(&legacy)).await;
         match (t, l) {
             (Err(e), _) | (_, Err(e)) if e.is_lost() => Err(LockError::Lost {
                 name: lease.name().to_string(),
