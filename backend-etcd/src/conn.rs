@@ -13,7 +13,7 @@ use etcd_client::{
 use lock_core::LockError;
 use tokio::time::{sleep, timeout_at, Instant};
 
-use crate::errors::{from_etcd, not_sent, retryable, timed_out};
+use crate::errors::{from_etcd, not_sent, retryable, stale_token, timed_out};
 
 /// Whether a request may be sent again after a failure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,6 +30,9 @@ pub(crate) enum Retry {
 pub(crate) struct Conn(Arc<Clients>);
 
 pub(crate) struct Clients {
+    /// For logging in again (`refresh_token`); the clients below share
+    /// its token.
+    client: Client,
     kv: KvClient,
     lease: LeaseClient,
     watch: WatchClient,
@@ -46,6 +49,7 @@ impl std::ops::Deref for Conn {
 impl Conn {
     pub(crate) fn new(client: &Client, op_timeout: Duration) -> Self {
         Conn(Arc::new(Clients {
+            client: client.clone(),
             kv: client.kv_client(),
             lease: client.lease_client(),
             watch: client.watch_client(),
@@ -71,9 +75,20 @@ impl Conn {
         // One op_timeout, or what is left of the call's.
         let deadline = lock_core::call::request_deadline(self.op_timeout);
         let mut pause = Duration::from_millis(10);
+        // Logins this call made; one per auth change it meets.
+        let mut logins = 0;
         loop {
             match timeout_at(deadline, op()).await {
                 Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if stale_token(&e) && logins < 3 => {
+                    logins += 1;
+                    tracing::debug!(what, "polylock: etcd refused a token older than its last auth change; logging in again");
+                    match timeout_at(deadline, self.client.refresh_token()).await {
+                        Ok(Ok(())) => continue,
+                        Ok(Err(login)) => return Err(from_etcd("logging in again", login)),
+                        Err(_) => return Err(timed_out(what, self.op_timeout)),
+                    }
+                }
                 Ok(Err(e)) => {
                     let again = match retry {
                         Retry::Any => retryable(&e),

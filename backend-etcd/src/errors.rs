@@ -118,6 +118,15 @@ pub(crate) fn retryable(e: &etcd_client::Error) -> bool {
     classify(e).0
 }
 
+/// Whether etcd refused the request's auth token as older than its last
+/// user or role change (JWT tokens carry the auth store's revision). The
+/// request was not applied; etcd-client renews only expired tokens, so the
+/// client must log in again before sending it again.
+pub(crate) fn stale_token(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == Code::InvalidArgument && s.message().contains("revision of auth store is old"))
+}
+
 /// Whether the request provably never reached a member: connecting
 /// failed (refused, unreachable, timed out). Safe to send again even if it
 /// is not idempotent.

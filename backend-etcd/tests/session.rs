@@ -316,6 +316,82 @@ async fn user_password_auth() {
     assert!(!dbg.contains("s3cr"), "{dbg}");
 }
 
+/// etcd with JWT tokens refuses a token older than its last user or role
+/// change ("revision of auth store is old", applying nothing), which
+/// etcd-client does not renew by itself: the client logs in again and
+/// goes on. The holder renews and releases, and the client takes locks,
+/// after a role change that does not concern it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auth_change_after_login_does_not_lock_a_jwt_client_out() {
+    let keys = tempfile::tempdir().unwrap();
+    let (private, public) = (keys.path().join("jwt.key"), keys.path().join("jwt.pub"));
+    for args in [
+        vec!["genrsa", "-out", private.to_str().unwrap(), "2048"],
+        vec![
+            "rsa",
+            "-in",
+            private.to_str().unwrap(),
+            "-pubout",
+            "-out",
+            public.to_str().unwrap(),
+        ],
+    ] {
+        let out = std::process::Command::new("openssl")
+            .args(&args)
+            .output()
+            .expect("openssl runs (scripts/install-deps.sh installs it)");
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    }
+    let jwt = format!(
+        "jwt,pub-key={},priv-key={},sign-method=RS256,ttl=10m",
+        public.display(),
+        private.display()
+    );
+    let server = tokio::task::spawn_blocking(move || {
+        testkit::EtcdServer::start_with_args(&["--auth-token".into(), jwt])
+    })
+    .await
+    .unwrap()
+    .expect("etcd with JWT tokens starts");
+    let endpoints = vec![server.endpoint()];
+    let host = common::url_of(&endpoints);
+    let host = host.trim_start_matches("etcd://");
+    for args in [
+        &["user", "add", "root:r00tpw", "--interactive=false"][..],
+        &["user", "grant-role", "root", "root"],
+        &["auth", "enable"],
+    ] {
+        etcdctl_out(&endpoints, args).await;
+    }
+    let (_backend, locker) = client(&format!("etcd://root:r00tpw@{host}")).await;
+    let guard = locker
+        .lock(name("jwt-auth-change"))
+        .ttl(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    let root = "--user=root:r00tpw";
+    etcdctl_out(&endpoints, &[root, "role", "add", "unrelated"]).await;
+    guard
+        .renew()
+        .await
+        .expect("a renewal after an unrelated auth change");
+    guard
+        .release()
+        .await
+        .expect("a release after an unrelated auth change");
+    etcdctl_out(&endpoints, &[root, "role", "add", "unrelated-too"]).await;
+    locker
+        .lock(name("jwt-auth-change-2"))
+        .try_acquire()
+        .await
+        .expect("a lock after an unrelated auth change")
+        .expect("free")
+        .release()
+        .await
+        .unwrap();
+}
+
 /// A session with no locks and no acquisition for a while (30 s, or two
 /// TTLs if longer) closes and revokes its lease: sessions are per TTL, and
 /// TTLs used once must not keep keepalive streams forever. The next lock

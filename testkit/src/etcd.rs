@@ -78,11 +78,17 @@ impl EtcdServer {
     /// Tried again on fresh ports when another process took one first
     /// (ports.rs, `on_fresh_ports`).
     pub fn start() -> Result<EtcdServer> {
-        on_fresh_ports(Self::start_once)
+        Self::start_with_args(&[])
     }
 
-    fn start_once() -> Result<EtcdServer> {
-        let mut members = spawn_members(1)?;
+    /// As [`start`](Self::start), with `args` added to etcd's command line
+    /// (e.g. `--auth-token jwt,...`).
+    pub fn start_with_args(args: &[String]) -> Result<EtcdServer> {
+        on_fresh_ports(|| Self::start_once(args))
+    }
+
+    fn start_once(args: &[String]) -> Result<EtcdServer> {
+        let mut members = spawn_members(1, args)?;
         let member = members.pop().ok_or_else(|| Error::InvalidState {
             what: "etcd".to_owned(),
             operation: "start",
@@ -134,7 +140,7 @@ impl EtcdCluster {
         }
         // All members must run before any can become healthy; if one fails,
         // returning drops the others, which kills them.
-        let members = spawn_members(size)?;
+        let members = spawn_members(size, &[])?;
         for member in &members {
             member.process.await_startup()?;
         }
@@ -179,7 +185,7 @@ impl EtcdCluster {
 }
 
 /// Spawns `size` members that know each other, without waiting for them.
-fn spawn_members(size: usize) -> Result<Vec<EtcdMember>> {
+fn spawn_members(size: usize, extra: &[String]) -> Result<Vec<EtcdMember>> {
     let binary = find_binary("etcd", "etcd-server", &[])?;
     let ports = (0..size)
         .map(|_| Ok((try_free_port()?, try_free_port()?)))
@@ -212,6 +218,7 @@ fn spawn_members(size: usize) -> Result<Vec<EtcdMember>> {
             .args(["--initial-cluster", &initial_cluster])
             .args(["--initial-cluster-token", &token])
             .args(["--initial-cluster-state", "new"])
+            .args(extra)
             .cwd(dir.path());
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, client_port));
         let process = ServerProcess::spawn(
