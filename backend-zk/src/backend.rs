@@ -294,6 +294,15 @@ impl ZkBackend {
     }
 
     /// The directory of `name`'s lock nodes, as clients of this URL see it.
+    ///
+    /// A Curator `InterProcessMutex` on this path shares the lock. A name
+    /// nested under it (`NAME/...`) is a directory among its lock nodes,
+    /// which polylock skips and Curator does not: it sorts the children by
+    /// the text after their last `lock-` (the whole name without one) and
+    /// waits on the child before its own, so a directory sorting before
+    /// the ten-digit sequences (starting with `%`, `-`, `.` or a short run
+    /// of zeros) makes every Curator client wait forever. Share a lock with
+    /// Curator only on a name with no names nested under it.
     pub fn lock_path(&self, name: &LockName) -> String {
         let c = &self.inner.config;
         let rel = name_path(name);
@@ -561,7 +570,11 @@ impl ZkBackend {
             .to_owned();
         let prefix = node_prefix(dir, &uuid);
         let mut entering = Entering::new(s, dir, &uuid, self.op());
-        let mut parents_made = false;
+        // Directories made for this create: one, or a few more when the
+        // directory goes again in between (a worn directory's reset by
+        // another client, an operator's deleteall, Curator's container
+        // cleanup).
+        let mut parents_made = 0;
         let mut tries = 0;
         loop {
             tries += 1;
@@ -589,8 +602,8 @@ impl ZkBackend {
                     entering.disarm();
                     return Ok((node_path(&prefix, seq.into_i64()), stat));
                 }
-                Err(Error::NoNode) if !parents_made => {
-                    parents_made = true;
+                Err(Error::NoNode) if parents_made < 3 => {
+                    parents_made += 1;
                     let dirs = CreateMode::Persistent.with_acls(self.inner.config.acls());
                     timed("mkdir", self.op(), s.client.mkdir(dir, &dirs))
                         .await?
@@ -1274,9 +1287,10 @@ impl ZkBackend {
             // after it did, a retried release that finds no node is this
             // one, not a loss. (The match below reads the mark as it was.)
             self.inner.held().set_release_sent(path, true);
-            // The path holds a uuid of this client's own attempt, and lock
-            // nodes are never written (version 0): a node still there is
-            // this holding, so no read is needed before the delete.
+            // The path holds a uuid of this client's own attempt, and
+            // polylock never writes lock nodes (version 0): a node still
+            // there at version 0 is this holding, so no read is needed
+            // before the delete.
             let r = timed("delete", self.op(), s.client.delete(path, Some(0))).await?;
             let forget = || self.inner.held().remove(path);
             let released = || {
@@ -1295,9 +1309,24 @@ impl ZkBackend {
                 // node went otherwise after it was sent: told apart by
                 // nothing the server keeps).
                 Err(Error::NoNode) if release_sent => released(),
-                Err(Error::NoNode | Error::BadVersion) => {
+                Err(Error::NoNode) => {
                     forget();
                     Err(lost())
+                }
+                // Someone wrote to our node (Curator's revoker, an
+                // operator): the holding counts as lost, but the node is
+                // still ours (our uuid, our session) and, left in place,
+                // would head the queue for as long as the session lives.
+                // Deleted whatever its version; a failure keeps the
+                // holding for the caller's retry.
+                Err(Error::BadVersion) => {
+                    match timed("delete", self.op(), s.client.delete(path, None)).await? {
+                        Ok(()) | Err(Error::NoNode) => {
+                            forget();
+                            Err(lost())
+                        }
+                        Err(e) => Err(from_zk(&format!("deleting {path}"), e)),
+                    }
                 }
                 Err(e) => {
                     if !outcome_unknown(&e) {

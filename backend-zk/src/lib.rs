@@ -23,12 +23,14 @@
 //!   docs and [`ZkBackend::lock_path`]). A contender creates an
 //!   EPHEMERAL_SEQUENTIAL node `_c_{uuid}-lock-{sequence}` in it, the name
 //!   Curator's `InterProcessMutex` uses in protected mode, so Curator
-//!   clients and polylock stand in one queue. Parent nodes are created as
-//!   needed and left in place; only a lock directory whose sequence
-//!   counter nears its 2^31 wrap is deleted, by the release that finds it
-//!   empty (the next contender creates it again). A create whose reply was
-//!   lost is recovered by finding the node with our uuid (and our session
-//!   as its owner).
+//!   clients and polylock stand in one queue (on a name with no polylock
+//!   names nested under it: Curator may take their directories for
+//!   contenders that never leave; see [`ZkBackend::lock_path`]). Parent
+//!   nodes are created as needed and left in place; only a lock directory
+//!   whose sequence counter nears its 2^31 wrap is deleted, by the release
+//!   that finds it empty (the next contender creates it again). A create
+//!   whose reply was lost is recovered by finding the node with our uuid
+//!   (and our session as its owner).
 //! - **Order.** The lowest sequence holds. A waiter watches only the node
 //!   just before its own; when woken it lists the directory again and
 //!   checks every lower node is gone, except the second in line, woken by

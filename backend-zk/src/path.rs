@@ -22,6 +22,17 @@
 //! Percent-decoding the result gives the name back in both cases, so two
 //! names never share a directory.
 //!
+//! Curator does not skip directories among a lock's nodes: it sorts the
+//! children by the text after their last `lock-` (the whole name when
+//! there is none) and waits on the one just before its own. A nested
+//! name's directory whose text sorts before the ten-digit sequences (one
+//! that starts below `0`, as `%`, `-` and `.` do, an escaped segment
+//! above included, or a short run of zeros) stands before every Curator
+//! contender and never goes: Curator clients then wait forever on the
+//! name above it. polylock's contenders count only lock nodes, so this
+//! touches Curator alone. Share a lock with Curator only on a name with
+//! no polylock names nested under it.
+//!
 //! # Lock nodes
 //! A contender's node is `_c_{uuid}-lock-{sequence}`: Apache Curator's
 //! `InterProcessMutex` in protected mode. The uuid (random per attempt)
