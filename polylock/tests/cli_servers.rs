@@ -332,3 +332,66 @@ fn a_lease_trusted_for_less_than_its_ttl_gets_no_sigterm_while_renewals_work() {
     assert!(stdout.contains("done"), "{stdout} / {}", text(&out.stderr));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
+
+/// polylock's stderr stalls (a full pipe whose reader hangs, a terminal
+/// paused with Ctrl-S) just as renewals fail: the command, which ignores
+/// SIGTERM, is still killed by the lease's deadline. What polylock writes
+/// (its SIGTERM notice, the log line of the loss) never holds the signal
+/// up, and polylock finishes once stderr drains.
+#[test]
+fn a_stalled_stderr_does_not_hold_up_the_kill_at_the_deadline() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let (server, url) = redis();
+    let (mut reader, writer) = std::io::pipe().unwrap();
+    let run = polylock(dir.path(), Some(&url))
+        .args([
+            "-v",
+            "run",
+            "--ttl",
+            "3s",
+            "--grace",
+            "10s",
+            "stalled",
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > pid; trap '' TERM; while true; do sleep 0.1; done",
+        ])
+        .stderr(Stdio::from(writer.try_clone().unwrap()))
+        .spawn()
+        .unwrap();
+    let pid = read_pid(&dir.path().join("pid"));
+    let _cleanup = KillOnDrop(pid);
+    // Fill the pipe: the filler blocks once it is full, and so does every
+    // write to it after that.
+    let filler = std::thread::spawn(move || {
+        let mut writer = writer;
+        let _ = writer.write_all(&vec![b'.'; 1 << 20]);
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(alive(pid));
+    server.pause().unwrap();
+    let paused = Instant::now();
+    let dead = eventually(Duration::from_secs(3) + Duration::from_millis(900), || {
+        !alive(pid)
+    });
+    assert!(
+        dead,
+        "the command still ran {:?} after renewals stopped, with stderr stalled",
+        paused.elapsed()
+    );
+    // Drain stderr: polylock says what happened and exits.
+    let drained = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let _ = reader.read_to_end(&mut all);
+        all
+    });
+    let mut run = run;
+    let status = run.wait().unwrap();
+    server.resume().unwrap();
+    filler.join().unwrap();
+    let said = text(&drained.join().unwrap());
+    assert_eq!(status.code(), Some(76), "{said}");
+    assert!(said.contains("renewals are failing"), "{said}");
+}

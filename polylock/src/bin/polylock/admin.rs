@@ -3,6 +3,7 @@
 use polylock::{HolderInfo, LockError, LockName, Locker};
 
 use crate::duration::{show, show_time};
+use crate::say::say;
 use crate::{exit, Failure};
 
 /// For the commands that only print: a closed stdout (`polylock list |
@@ -73,7 +74,7 @@ pub(crate) async fn list(locker: &Locker, prefix: &str, limit: usize) -> Result<
         } else {
             "--limit raises it".to_string()
         };
-        eprintln!("polylock: showing the first {shown_at_most} locks ({more})");
+        say!("polylock: showing the first {shown_at_most} locks ({more})");
     }
     Ok(if locks.is_empty() { exit::FREE } else { 0 })
 }
@@ -202,13 +203,13 @@ pub(crate) fn shown(s: &str) -> String {
 pub(crate) async fn force_release(locker: &Locker, name: &str) -> Result<u8, Failure> {
     let name = LockName::new(name)?;
     if locker.backend().force_release(&name).await? {
-        eprintln!(
+        say!(
             "polylock: removed {}. If its holder is still running, it no longer has \
              mutual exclusion; its fencing token is now stale.",
             shown(name.as_str())
         );
     } else {
-        eprintln!(
+        say!(
             "polylock: {} was not held; nothing removed",
             shown(name.as_str())
         );

@@ -14,6 +14,8 @@ mod duration;
 mod exit;
 mod external;
 mod run;
+mod say;
+use say::say;
 
 /// Where locks live when neither --url nor POLYLOCK_URL says: a SQLite file
 /// in the current directory, so the command works with nothing configured.
@@ -296,7 +298,7 @@ fn parse() -> Result<Cli, ExitCode> {
             if let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) {
                 if !arg.starts_with('-') {
                     // `polylock run foo echo hi`: the command must follow `--`.
-                    eprintln!(
+                    say!(
                         "error: unexpected argument '{arg}': put the command after `--`, \
                          e.g. polylock run NAME -- {arg} ...\n\nFor more information, try '--help'."
                     );
@@ -339,18 +341,26 @@ fn init_logging(verbose: u8) {
     };
     let filter = match std::env::var("RUST_LOG") {
         Ok(spec) if !spec.trim().is_empty() => spec.parse::<Targets>().unwrap_or_else(|e| {
-            eprintln!("polylock: warning: ignoring RUST_LOG ({e})");
+            say!("polylock: warning: ignoring RUST_LOG ({e})");
             ours()
         }),
         _ => ours(),
     };
     let _ = tracing_subscriber::registry()
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(tracing_subscriber::fmt::layer().with_writer(say::Writer::default))
         .with(filter)
         .try_init();
 }
 
 fn main() -> ExitCode {
+    let code = run_polylock();
+    // What polylock said is on stderr before it exits (the command is gone
+    // and the lock released by now).
+    say::flush();
+    code
+}
+
+fn run_polylock() -> ExitCode {
     // `compare` and `bench` hand every argument after them to their own
     // programs untouched: parsed here, their `--url`, `--config` and `-v`
     // would be taken for polylock's global flags (a bench's `--url` lost,
@@ -358,7 +368,7 @@ fn main() -> ExitCode {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if let Some(tool @ ("compare" | "bench")) = argv.get(1).and_then(|a| a.to_str()) {
         let f = external::exec(tool, &argv[2..]);
-        eprintln!("polylock: {}", one_line(&f.message));
+        say!("polylock: {}", one_line(&f.message));
         return ExitCode::from(f.code);
     }
     let cli = match parse() {
@@ -373,7 +383,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("polylock: cannot start the async runtime: {e}");
+            say!("polylock: cannot start the async runtime: {e}");
             return ExitCode::from(exit::BACKEND);
         }
     };
@@ -387,7 +397,7 @@ fn main() -> ExitCode {
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(f) => {
-            eprintln!("polylock: {}", one_line(&f.message));
+            say!("polylock: {}", one_line(&f.message));
             ExitCode::from(f.code)
         }
     }

@@ -15,6 +15,7 @@ use tokio::time::{sleep_until, timeout, Instant};
 
 use crate::child::{self, Spawned};
 use crate::duration::show;
+use crate::say::say;
 use crate::{exit, Failure};
 
 /// Waits until no process of the command's group runs any more (its
@@ -210,7 +211,7 @@ async fn release(guard: LockGuard, ttl: Duration) -> Result<(), LockError> {
     match timeout(RELEASE_BUDGET, guard.release()).await {
         Ok(Err(e)) if e.is_lost() => Err(e),
         Ok(Err(e)) => {
-            eprintln!(
+            say!(
                 "polylock: warning: release failed, the lock expires in at most {}: {}",
                 show(ttl),
                 crate::one_line(&e.to_string())
@@ -218,7 +219,7 @@ async fn release(guard: LockGuard, ttl: Duration) -> Result<(), LockError> {
             Ok(())
         }
         Err(_) => {
-            eprintln!(
+            say!(
                 "polylock: warning: the lock service did not answer the release within {}; \
                  the lock expires in at most {}",
                 show(RELEASE_BUDGET),
@@ -328,7 +329,7 @@ pub(crate) async fn run(
                 // may overlap another holder, so no grace.
                 cmd.signal(Signal::SIGKILL);
                 let cause = loss_cause(deadline, stopping.map(|(since, _)| since));
-                eprintln!("polylock: lock {name:?} was lost: {cause}; killed the command");
+                say!("polylock: lock {name:?} was lost: {cause}; killed the command");
                 lost = Some(cause);
             }
             _ = job.cont.recv(), if lost.is_none() && cmd.suspended() => {
@@ -340,7 +341,7 @@ pub(crate) async fn run(
                 } else {
                     cmd.signal(Signal::SIGKILL);
                     let cause = loss_cause(deadline, stopping.map(|(since, _)| since));
-                    eprintln!("polylock: lock {name:?} was lost: {cause}; killed the command");
+                    say!("polylock: lock {name:?} was lost: {cause}; killed the command");
                     lost = Some(cause);
                 }
             }
@@ -358,7 +359,7 @@ pub(crate) async fn run(
                     // Signalled before the message: a blocked stderr (a full
                     // pipe, a paused terminal) must not hold the signal up.
                     cmd.signal(Signal::SIGTERM);
-                    eprintln!(
+                    say!(
                         "polylock: lock {name:?}: renewals are failing; sent SIGTERM, \
                          SIGKILL in {} at the lease's deadline",
                         show(deadline.saturating_duration_since(Instant::now()))
@@ -374,14 +375,14 @@ pub(crate) async fn run(
                     // A renewal came through after the SIGTERM: the lock
                     // is not lost, but the command was told to stop by
                     // then and did not.
-                    eprintln!(
+                    say!(
                         "polylock: lock {name:?}: the command did not exit by the deadline \
                          SIGTERM gave it; killed it"
                     );
                     killed = true;
                 } else {
                     let cause = loss_cause(deadline, stopping.map(|(since, _)| since));
-                    eprintln!("polylock: lock {name:?} was lost: {cause}; killed the command");
+                    say!("polylock: lock {name:?} was lost: {cause}; killed the command");
                     lost = Some(cause);
                 }
             }
@@ -400,7 +401,7 @@ pub(crate) async fn run(
     if lost.is_none() && !killed && (stopping.is_some() || forwarded) {
         let kill_at = stopping.map_or_else(|| guard.lease().deadline(), |(_, d)| d);
         if let Some(cause) = drain(&cmd, &guard, kill_at, &mut signals, forwarded).await {
-            eprintln!("polylock: lock {name:?} was lost: {cause}; killed the command's group");
+            say!("polylock: lock {name:?} was lost: {cause}; killed the command's group");
             lost = Some(cause);
         }
     }
@@ -438,7 +439,7 @@ pub(crate) async fn run(
         // The release failed (server unreachable): the lock expires at its
         // TTL; the command's result still stands.
         Err(e) => {
-            eprintln!(
+            say!(
                 "polylock: warning: release failed, the lock expires in at most {}: {e}",
                 show(args.ttl)
             );
