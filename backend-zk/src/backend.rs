@@ -1517,6 +1517,13 @@ impl LockBackend for ZkBackend {
     async fn force_release(&self, name: &LockName) -> Result<bool, LockError> {
         let s = self.any_session().await?;
         let dir = self.lock_path(name);
+        // A follower behind the leader would list a holder already gone
+        // (the delete then finds nothing and the live holder stays), or
+        // none yet: caught up first.
+        match timed("sync", self.op(), s.client.sync(&dir)).await? {
+            Ok(()) | Err(Error::NoNode) => {}
+            Err(e) => return Err(from_zk(&format!("syncing {dir}"), e)),
+        }
         let children = match timed("list", self.op(), s.client.list_children(&dir)).await? {
             Ok(c) => c,
             Err(Error::NoNode) => return Ok(false),
