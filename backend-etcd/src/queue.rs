@@ -348,46 +348,68 @@ pub(crate) async fn create(
     let what = "creating the lock key";
     let (start, end) = claim_range(lock_prefix);
     let count = GetOptions::new().with_range(end).with_count_only();
-    let txn = Txn::new()
-        .when(vec![Compare::create_revision(key, CompareOp::Equal, 0)])
-        .and_then(vec![
-            TxnOp::put(
-                key,
-                value,
-                Some(etcd_client::PutOptions::new().with_lease(lease)),
-            ),
-            TxnOp::get(start, Some(count)),
-        ])
-        .or_else(vec![TxnOp::get(key, None)]);
-    // Create-if-absent of our own key, answered with the key's state either
-    // way: sending it twice gives the same outcome.
-    let r = conn.txn(what, Retry::Any, txn).await?;
-    let ops = r.op_responses();
-    let (rev, alone) = if r.succeeded() {
-        // The put is the transaction's only write: the transaction's
-        // revision is the key's create revision.
-        let rev = header_revision(what, r.header())?;
-        let alone = matches!(ops.get(1), Some(TxnOpResponse::Get(g)) if g.count() == 1);
-        (rev, alone)
-    } else {
-        // The key exists. Only a create whose answer was lost (retried by
-        // the caller's loop) leaves our own value there; anything else is
-        // another process using our lease id, which cannot happen.
-        match ops.first() {
-            Some(TxnOpResponse::Get(g)) => match g.kvs().first() {
-                Some(kv) if kv.value() == value.as_bytes() => (kv.create_revision(), false),
-                Some(_) => {
-                    return Err(unexpected(
-                        what,
-                        format!("`{key}` already exists with another owner"),
-                    ))
-                }
-                None => return Err(unexpected(what, "the key vanished within the transaction")),
-            },
-            _ => return Err(unexpected(what, "the transaction answered without the key")),
-        }
-    };
-    Ok(Created { rev, alone })
+    // A stray claim of ours removed, at most this many times.
+    let mut strays = 0;
+    loop {
+        let txn = Txn::new()
+            .when(vec![Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then(vec![
+                TxnOp::put(
+                    key,
+                    value,
+                    Some(etcd_client::PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::get(start.clone(), Some(count.clone())),
+            ])
+            .or_else(vec![TxnOp::get(key, None)]);
+        // Create-if-absent of our own key, answered with the key's state either
+        // way: sending it twice gives the same outcome.
+        let r = conn.txn(what, Retry::Any, txn).await?;
+        let ops = r.op_responses();
+        let (rev, alone) = if r.succeeded() {
+            // The put is the transaction's only write: the transaction's
+            // revision is the key's create revision.
+            let rev = header_revision(what, r.header())?;
+            let alone = matches!(ops.get(1), Some(TxnOpResponse::Get(g)) if g.count() == 1);
+            (rev, alone)
+        } else {
+            // The key exists. Only a create whose answer was lost (retried by
+            // the caller's loop) leaves our own value there; another value is
+            // a stray claim of ours (another process cannot use our lease).
+            match ops.first() {
+                Some(TxnOpResponse::Get(g)) => match g.kvs().first() {
+                    Some(kv) if kv.value() == value.as_bytes() => (kv.create_revision(), false),
+                    // Our lease id, another value: a claim of this client that
+                    // no acquisition holds (the caller's slot rules out a live
+                    // one), left by an earlier attempt whose create landed
+                    // after its cleanup had looked (its answer never came).
+                    // Removed, if it is still that claim, and ours created.
+                    Some(kv) if strays < 2 => {
+                        strays += 1;
+                        tracing::debug!(key, "polylock: removing a stray claim of this client");
+                        let stray = kv.create_revision();
+                        let remove = Txn::new()
+                            .when(vec![Compare::create_revision(key, CompareOp::Equal, stray)])
+                            .and_then(vec![TxnOp::delete(key, None)]);
+                        conn.txn("removing a stray claim", Retry::Any, remove)
+                            .await?;
+                        continue;
+                    }
+                    Some(_) => {
+                        return Err(unexpected(
+                            what,
+                            format!("`{key}` already exists with another owner"),
+                        ))
+                    }
+                    None => {
+                        return Err(unexpected(what, "the key vanished within the transaction"))
+                    }
+                },
+                _ => return Err(unexpected(what, "the transaction answered without the key")),
+            }
+        };
+        return Ok(Created { rev, alone });
+    }
 }
 
 /// How a release went.

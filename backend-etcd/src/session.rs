@@ -733,10 +733,15 @@ pub(crate) fn spawn_cleanup(
         return;
     };
     rt.spawn(async move {
-        let _slot = slot;
+        let slot = slot;
         let mut pause = Duration::from_millis(20);
         loop {
             match delete_claim(&conn, &key, &how).await {
+                Ok(false) if matches!(how, Cleanup::Value(_)) => {
+                    drop(slot);
+                    look_again_later(&conn, &session, &key, &how).await;
+                    return;
+                }
                 Ok(_) => return,
                 Err(e) if e.is_retryable() && !session.is_closed() => {
                     tracing::debug!(key = %key, error = %e, "polylock: deleting an etcd claim failed; retrying");
@@ -753,6 +758,31 @@ pub(crate) fn spawn_cleanup(
             }
         }
     });
+}
+
+/// After a cleanup of a create whose answer never came found nothing: the
+/// create may still be applied (a member that held it resumes and passes
+/// it on), and the claim would then stand in the queue, held by nobody, for
+/// as long as the session lives. Looks again a few times (after one, two,
+/// four and eight operation timeouts), deleting it by its value, which no
+/// other claim has. The client's own next acquisition of the name removes
+/// such a claim too (`queue::create`).
+async fn look_again_later(conn: &Conn, session: &Session, key: &str, how: &Cleanup) {
+    let mut after = conn.op_timeout();
+    for _ in 0..4 {
+        tokio::select! {
+            _ = session.closed() => return,
+            _ = sleep(after) => {}
+        }
+        if let Ok(true) = delete_claim(conn, key, how).await {
+            tracing::debug!(
+                key,
+                "polylock: deleted a claim whose create landed after its cleanup"
+            );
+            return;
+        }
+        after *= 2;
+    }
 }
 
 /// Deletes `key` if it is the claim described by `how`; returns whether it

@@ -300,3 +300,44 @@ async fn a_range_delete_of_holder_and_waiter_gives_no_second_holder() {
     }
     panic!("the holder's key never sorted first ({holder_first} rounds): the test proved nothing");
 }
+
+/// A claim of this client that no acquisition holds: an earlier attempt's
+/// create that landed after its cleanup had looked (its answer never came,
+/// and a member that held it applied it later). The client's next
+/// acquisition of the name removes it and queues as usual, instead of
+/// failing for good on "already exists"; and a cleanup that found nothing
+/// looks again, so the stray claim does not block other clients while
+/// this one holds other locks on the same session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_of_ours_that_nobody_holds_is_removed() {
+    let (_server, endpoints, url) = server();
+    let lock = name("stray");
+    let (backend, locker) = client(&url).await;
+    // The session all of this client's 30 s locks ride on.
+    let keep = locker.lock(name("stray-keep")).acquire().await.unwrap();
+    let lease_id = backend.sessions()[0].lease_id;
+    let n = lock_core::LockName::new(lock.as_str()).unwrap();
+    let stray = format!("{}{lease_id:x}", backend.key_prefix(&n));
+    let mut raw = etcd_client::Client::connect(endpoints.clone(), None)
+        .await
+        .unwrap();
+    raw.put(
+        stray.clone(),
+        "an attempt that gave up",
+        Some(etcd_client::PutOptions::new().with_lease(lease_id)),
+    )
+    .await
+    .unwrap();
+    let g = timeout(Duration::from_secs(10), locker.lock(&lock).try_acquire())
+        .await
+        .expect("answers")
+        .expect("a stray claim of ours does not fail the acquisition")
+        .expect("nobody else holds it");
+    assert_ne!(
+        raw.get(stray.clone(), None).await.unwrap().kvs()[0].value(),
+        b"an attempt that gave up",
+        "the stray claim is still there"
+    );
+    g.release().await.unwrap();
+    keep.release().await.unwrap();
+}
