@@ -71,3 +71,15 @@ fn fence_reuse_is_caught() {
 fn release_that_ignores_loss_is_caught() {
     caught(Flaw::ReleaseIgnoresLoss);
 }
+
+/// A case that restarts the server runs alone on its fixture: beside it, a
+/// neighbour's calls would fail under the neighbour's name.
+#[test]
+fn the_restart_case_runs_alone() {
+    let all = conformance::cases::all();
+    let restart = all
+        .iter()
+        .find(|c| c.name.ends_with("held_lock_survives_a_server_restart"))
+        .expect("the restart case is registered");
+    assert!(restart.exclusive, "{} shares its fixture", restart.name);
+}

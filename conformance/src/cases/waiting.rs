@@ -171,14 +171,18 @@ pub(crate) async fn acquire_without_a_wait_waits_for_the_holder(ctx: &Ctx<'_>) {
 
 /// A backend that declares a wake-up mechanism (pub/sub, watch, NOTIFY, an
 /// in-process notification) hands a released lock to a waiter far below
-/// the fallback polling floor: the median hand-off of several rounds, each
-/// after the waiter's backoff has grown, stays under 40 ms (polling would
-/// be about half the 250 ms top backoff).
+/// the fallback polling floor: the waiter's polling between attempts is set
+/// to a second (every backend's fallback follows the request's backoff),
+/// and the median hand-off of several rounds stays under 40 ms, where
+/// polling would take hundreds of milliseconds.
 pub(crate) async fn wake_up_hands_off_below_the_polling_floor(ctx: &Ctx<'_>) {
     const ROUNDS: usize = 15;
     let name = ctx.name("wake-up");
     let a = ctx.locker().await;
-    let b = ctx.locker().await;
+    let b = ctx.locker().await.with_retry(lock_core::wait::Backoff {
+        initial: Duration::from_secs(1),
+        max: Duration::from_secs(1),
+    });
     let mut handoffs = Vec::new();
     for _ in 0..ROUNDS {
         let guard = a.lock(name.as_str()).acquire().await.expect("acquire");
@@ -194,7 +198,7 @@ pub(crate) async fn wake_up_hands_off_below_the_polling_floor(ctx: &Ctx<'_>) {
                 (Instant::now(), g)
             }
         });
-        // Long enough for a polling waiter's backoff to reach its top.
+        // The waiter's first attempt was refused and it waits.
         tokio::time::sleep(Duration::from_millis(400)).await;
         let released_at = Instant::now();
         guard.release().await.expect("release");

@@ -68,16 +68,17 @@ pub(crate) async fn watchdog_keeps_lock_and_stops_after_release(ctx: &Ctx<'_>) {
         .expect("acquire");
     drop(guard);
     sleep(ttl / 2).await;
+    // Half the TTL after the drop: gone by the release, not by expiry.
+    assert!(
+        other.inspect(&name).await.expect("inspect").is_none(),
+        "drop did not release"
+    );
     let after_drop = counted.renews();
     sleep(ttl * 2).await;
     assert_eq!(
         counted.renews(),
         after_drop,
         "the watchdog renewed after drop"
-    );
-    assert!(
-        other.inspect(&name).await.expect("inspect").is_none(),
-        "drop did not release"
     );
 }
 
