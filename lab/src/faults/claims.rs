@@ -165,6 +165,11 @@ pub fn check(
                 unjudged.push("fencing stops the paused holder's late write");
                 unjudged.push("release reports a lease lost during the pause");
             }
+            // No grant to `b` while `a` held: nothing was let in, early or
+            // not.
+            if obs.early_expiry_ms.is_none() {
+                unjudged.push("a paused holder's lease is not expired early");
+            }
         }
         Kind::ClientKill => {
             push(
@@ -172,11 +177,9 @@ pub fn check(
                 not_early(obs),
                 early_detail(obs),
             );
-            push(
-                "a killed holder never overlaps the next one".into(),
-                obs.overlaps == 0,
-                format!("{} overlaps", obs.overlaps),
-            );
+            if obs.early_expiry_ms.is_none() {
+                unjudged.push("a killed holder's lease is not expired early");
+            }
             let limit = ttl + expiry_slack(ttl);
             push(
                 format!(
@@ -547,6 +550,20 @@ mod tests {
             .find(|c| c.claim.contains("keeps its lock"))
             .unwrap();
         assert!(!keeps.judged, "{keeps:?}");
+    }
+
+    #[test]
+    fn no_grant_while_a_held_leaves_early_expiry_unjudged() {
+        for kind in [Kind::ClientPause, Kind::ClientKill] {
+            let scenario = SCENARIOS.iter().find(|s| s.kind == kind).unwrap();
+            let quiet = Observation::default();
+            let checks = check("x", &strict(), scenario, &quiet, Duration::from_secs(2));
+            let early = checks
+                .iter()
+                .find(|c| c.claim.contains("not expired early"))
+                .unwrap();
+            assert!(!early.judged, "{kind:?}: {early:?}");
+        }
     }
 
     #[test]

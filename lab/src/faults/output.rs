@@ -115,8 +115,9 @@ a primary with one asynchronous replica behind one address (the clients'),
 that an acquire counts only once the replica has it, `etcd-cluster`
 and `zookeeper-ensemble` are three-member groups, `redlock` runs on five
 independent servers. \"n/a\" says why a scenario cannot apply. Clients ask
-for a 2 s TTL (5 s where the row says so; etcd's and ZooKeeper's grants are
-rounded as the declared table says).
+for the TTL of the \"server, TTL asked\" row: 2 s, or the backend's shortest
+where that is longer (a ZooKeeper ensemble's follower lag raises it; see
+backend-zk), and 5 s or that shortest in the scenarios whose title says so.
 
 In the failover row the replication link is cut before `a` acquires, then
 the primary is killed, the replica promoted (`REPLICAOF NO ONE`) and the

@@ -539,6 +539,21 @@ impl<'a> Ctx<'a> {
             |k| matches!(k, EventKind::Note(t) if t.starts_with("waiting")),
         )
         .await?;
+        // Nor for a lock `a` already handed over while `b` started (a slow
+        // machine): the run would test nothing, and pass.
+        if let Some(e) =
+            self.register.events().into_iter().find(|e| {
+                e.client == "a" && matches!(e.kind, EventKind::Exit | EventKind::Release(_))
+            })
+        {
+            return Err(format!(
+                "{} {}: a left its critical section (at {:?}) before b was waiting; \
+                 the fault would hit no holder",
+                self.target.label(),
+                self.scenario,
+                e.at
+            ));
+        }
         Ok(())
     }
 
@@ -619,7 +634,9 @@ pub async fn run(scenario: &Scenario, ctx: &mut Ctx<'_>) -> Result<Window, Strin
     let recovery = ttl * 4 + Duration::from_secs(60);
     match scenario.kind {
         Kind::ClientPause => {
-            ctx.holder_and_waiter(Duration::from_secs(1)).await?;
+            // Held until the pause ends it (its lost signal after the
+            // resume), however long `b` takes to start.
+            ctx.holder_and_waiter(ttl * 30).await?;
             let fault_start = ctx.register.mark("pause a (SIGSTOP)");
             ctx.pause_client("a")?;
             // Keep a stopped until b has had its turn, and at least twice
@@ -994,13 +1011,16 @@ fn trusted_ms(events: &[Event]) -> Option<u64> {
 
 /// `a`'s lease end by its last request sent before `b`'s grant at
 /// `granted` (the `sent_ago_ms` of its `granted` and `renewed` notes, on the
-/// register's clock) against that grant; `None` if `a` released before.
+/// register's clock) against that grant; `None` if `a` was handing the lock
+/// over by then: it left its critical section (`EXIT`, sent before it
+/// calls `release()`; its `RELEASE` is sent after `release()` returns, by
+/// which time the server may have granted `b`).
 fn early_expiry_ms(events: &[Event], granted: Duration) -> Option<i64> {
     let before = |e: &&Event| e.client == "a" && e.at <= granted;
     if events
         .iter()
         .filter(before)
-        .any(|e| matches!(e.kind, EventKind::Release(_)))
+        .any(|e| matches!(e.kind, EventKind::Exit | EventKind::Release(_)))
     {
         return None;
     }
@@ -1193,5 +1213,10 @@ mod tests {
         let mut released = events(3000);
         released.insert(3, ev(900, "a", EventKind::Release("ok".into())));
         assert_eq!(analyse(&released, window).early_expiry_ms, None);
+        // a left its section first and its release was on the way when b
+        // was granted: a hand-over too.
+        let mut exited = events(1000);
+        exited.insert(3, ev(900, "a", EventKind::Exit));
+        assert_eq!(analyse(&exited, window).early_expiry_ms, None);
     }
 }
