@@ -767,6 +767,23 @@ pub struct Held {
     pub counters_unread: Option<String>,
 }
 
+/// The heap's size once it stops shrinking: what earlier phases dropped
+/// (their clients, tasks and buffers) is freed in the background, and a
+/// baseline taken meanwhile would count those frees against what comes
+/// next. Gives up waiting after two seconds.
+async fn settled(allocated: fn() -> usize) -> usize {
+    let mut last = allocated();
+    for _ in 0..20 {
+        sleep(Duration::from_millis(100)).await;
+        let now = allocated();
+        if now >= last {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
 pub(crate) async fn held(
     t: &Target,
     locks: usize,
@@ -778,7 +795,10 @@ pub(crate) async fn held(
         .map_err(lock_err("connect"))?;
     // Settle the connection before the baseline.
     one_cycle(&locker, "bench/held/warm").await?;
-    let before = allocated.map(|f| f());
+    let before = match allocated {
+        Some(f) => Some(settled(f).await),
+        None => None,
+    };
     let guards: Vec<_> = futures::stream::iter(0..locks)
         .map(|i| {
             let locker = locker.clone();
@@ -797,7 +817,9 @@ pub(crate) async fn held(
         .into_iter()
         .collect::<Res<_>>()?;
     let bytes = match (before, allocated) {
-        (Some(b), Some(f)) => Some((f().saturating_sub(b)) as f64 / locks as f64),
+        // Below the baseline: something else freed memory meanwhile, and
+        // the difference says nothing about the locks.
+        (Some(b), Some(f)) => f().checked_sub(b).map(|grown| grown as f64 / locks as f64),
         _ => None,
     };
     // Let the renewals of the acquisition burst spread out, then count

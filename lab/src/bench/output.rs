@@ -356,33 +356,29 @@ pub fn verdicts(r: &Report) -> Vec<Verdict> {
                     &if ok {
                         String::new()
                     } else if b.batch_renew {
-                        // The watchdog renews a lease every TTL/4 to TTL/3:
-                        // three to four renewals per lease per TTL.
-                        let per_s = |n: f64| large.locks as f64 * n / large.ttl_s.max(f64::MIN_POSITIVE);
+                        // What a script run costs the server is measured;
+                        // how many leases each run carried is not (the
+                        // server counts runs, not leases), so only its
+                        // ceiling is stated.
                         let blocked = large.server_us_per_request.map_or(String::new(), |us| {
                             format!(
                                 "; each script run here held the server {us:.0} µs on average \
-                                 (INFO commandstats), about {:.1} µs a lease, so one run per {} \
-                                 would hold it about {:.0} µs",
-                                us * z / per_s(3.5),
+                                 (INFO commandstats) for at most {} leases, so one run per {} \
+                                 would hold it up to about {:.0} µs",
+                                backend_redis::RENEW_CHUNK,
                                 2 * backend_redis::RENEW_CHUNK,
                                 2.0 * us
                             )
                         });
                         format!(
-                            "renewals are batched: at {} locks each request renewed about {:.0}–{:.0} \
-                             leases ({:.0}–{:.0} renewals/s: every lease is renewed 3 to 4 times per \
-                             TTL). A batch is capped (at most {} leases per call from the watchdog; \
-                             Redis runs one script per {} of them, as a script blocks the server \
-                             while it runs{blocked}), so past a full batch per wake-up the requests \
-                             grow with the locks by design",
-                            large.locks,
-                            per_s(3.0) / z,
-                            per_s(4.0) / z,
-                            per_s(3.0),
-                            per_s(4.0),
+                            "renewals are batched: the watchdog hands at most {} due leases to one \
+                             call, and Redis runs one script per {} of them, as a script blocks the \
+                             server while it runs{blocked}; at {} locks, {z:.1} script runs/s \
+                             (counted on every node the client renews on). Past a full batch per \
+                             wake-up the requests grow with the locks by design",
                             lock_core::MAX_RENEW_BATCH,
                             backend_redis::RENEW_CHUNK,
+                            large.locks,
                         )
                     } else {
                         "this backend renews every held lock by its own request (it does not declare \
