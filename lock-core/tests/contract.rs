@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_core::{
-    async_trait, AcquireRequest, Guarantees, HolderInfo, Lease, LockBackend, LockError, LockName,
-    Locker, MemoryBackend, Owner, OwnerToken,
+    async_trait, AcquireRequest, Guarantees, HolderInfo, Lease, LockBackend, LockError, LockGuard,
+    LockName, Locker, MemoryBackend, Owner, OwnerToken,
 };
 use tokio::time::{sleep, timeout, Instant};
 use tokio_util::sync::CancellationToken;
@@ -681,22 +681,28 @@ async fn the_watchdog_renews_at_half_the_trusted_time_when_that_comes_first() {
     guard.release().await.unwrap();
 }
 
-/// A renewal by hand rescues a lease whose watchdog renewal hangs: the
-/// watchdog goes on from the deadline the hand renewal published instead
-/// of declaring the lease lost at the old one.
-#[tokio::test(start_paused = true)]
-async fn a_renewal_by_hand_moves_the_deadline_the_watchdog_retries_to() {
+/// A guard of 3 s over a probe whose next renewal never answers, and the
+/// guard's first deadline.
+async fn guard_whose_next_renewal_hangs(name: &str) -> (Probe, LockGuard, Instant) {
     let backend = Probe::default();
-    let locker = Locker::new(backend.clone());
-    let guard = locker
-        .lock("rescued")
+    let guard = Locker::new(backend.clone())
+        .lock(name)
         .ttl(Duration::from_secs(3))
         .acquire()
         .await
         .unwrap();
     let first_deadline = guard.lease().deadline();
-    // The watchdog's renewal at a third of the TTL never answers.
     backend.hang_next_renew.store(true, Ordering::SeqCst);
+    (backend, guard, first_deadline)
+}
+
+/// A renewal by hand rescues a lease whose watchdog renewal hangs: the
+/// watchdog goes on from the deadline the hand renewal published instead
+/// of declaring the lease lost at the old one.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_by_hand_moves_the_deadline_the_watchdog_retries_to() {
+    // The watchdog's renewal at a third of the TTL never answers.
+    let (backend, guard, first_deadline) = guard_whose_next_renewal_hangs("rescued").await;
     sleep(Duration::from_millis(1_500)).await;
     assert_eq!(
         backend.renews.load(Ordering::SeqCst),
@@ -721,16 +727,8 @@ async fn a_renewal_by_hand_moves_the_deadline_the_watchdog_retries_to() {
 /// with, which is no longer the lease's.
 #[tokio::test(start_paused = true)]
 async fn a_renewal_by_hand_timing_out_leaves_a_lease_the_watchdog_renewed() {
-    let backend = Probe::default();
-    let locker = Locker::new(backend.clone());
-    let guard = locker
-        .lock("slow-hand")
-        .ttl(Duration::from_secs(3))
-        .acquire()
-        .await
-        .unwrap();
-    let first_deadline = guard.lease().deadline();
-    backend.hang_next_renew.store(true, Ordering::SeqCst);
+    // The renewal by hand is the one that never answers.
+    let (_backend, guard, first_deadline) = guard_whose_next_renewal_hangs("slow-hand").await;
     let r = guard.renew().await;
     assert!(
         r.as_ref().is_err_and(|e| !e.is_lost() && e.is_retryable()),
