@@ -188,9 +188,10 @@ fn ensure_running(inner: &Arc<Inner>, st: &mut State, at: Instant) -> bool {
     // A runtime that is shutting down drops the task right here, with the
     // state locked: its Restart must not take the lock then, and the
     // finished handle makes the next schedule spawn again.
-    SPAWNING.set(true);
-    let task = tokio::spawn(run(restart));
-    SPAWNING.set(false);
+    let task = {
+        let _spawning = Spawning::begin();
+        tokio::spawn(run(restart))
+    };
     st.task = Some(task);
     true
 }
@@ -199,6 +200,24 @@ thread_local! {
     /// Set while `ensure_running` spawns the scheduler with the state
     /// locked.
     static SPAWNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks this thread as spawning the scheduler until dropped, also when
+/// the spawn panics (no runtime): a mark left behind would keep every later
+/// Restart on the thread from doing its work.
+struct Spawning;
+
+impl Spawning {
+    fn begin() -> Self {
+        SPAWNING.set(true);
+        Spawning
+    }
+}
+
+impl Drop for Spawning {
+    fn drop(&mut self) {
+        SPAWNING.set(false);
+    }
 }
 
 /// Restarts the scheduler if its task went away while leases are queued.
