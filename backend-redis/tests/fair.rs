@@ -669,6 +669,9 @@ async fn a_grant_taken_from_its_message_leaves_nothing_for_the_next_acquisition_
     let lease = got.expect("the waiter is granted the lock");
     assert_eq!(lease.ttl(), CLAIM, "not taken from the grant message");
     proxy.set_mode(testkit::Mode::Pass);
+    // Held past the claim window, as the guard's first renewal would: the
+    // lock must not come free by itself while the test waits.
+    let lease = waiter.renew(&lease).await.expect("the first renewal");
     // Attempts still on the slow link land.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let again = waiter.try_acquire(&request(Duration::ZERO)).await;
