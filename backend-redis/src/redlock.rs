@@ -198,6 +198,11 @@ const BATCH_SHARE_OF_TTL: u32 = 10;
 /// first use, so a node that is down when the client starts joins later.
 struct Node {
     config: Arc<RedisConfig>,
+    /// This node's place in the URL.
+    index: usize,
+    /// The servers this client's nodes turned out to be (see
+    /// [`Servers`]), shared by them all.
+    servers: Arc<Servers>,
     link: Arc<OnceCell<Link>>,
     /// A connect is under way in a task of its own (see [`Node::link`]).
     connecting: Arc<AtomicBool>,
@@ -208,9 +213,11 @@ impl Node {
         node_addr(&self.config)
     }
 
-    fn new(config: RedisConfig) -> Node {
+    fn new(config: RedisConfig, index: usize, servers: Arc<Servers>) -> Node {
         Node {
             config: Arc::new(config),
+            index,
+            servers,
             link: Arc::new(OnceCell::new()),
             connecting: Arc::new(AtomicBool::new(false)),
         }
@@ -237,13 +244,16 @@ impl Node {
         if tokio::runtime::Handle::try_current().is_ok()
             && !self.connecting.swap(true, Ordering::AcqRel)
         {
-            let (cell, config, connecting) = (
+            let (cell, config, connecting, servers, index) = (
                 Arc::clone(&self.link),
                 Arc::clone(&self.config),
                 Arc::clone(&self.connecting),
+                Arc::clone(&self.servers),
+                self.index,
             );
             tokio::spawn(async move {
-                if let Err(fail) = cell.get_or_try_init(|| connect_node(&config)).await {
+                let connect = || connect_node(&config, index, &servers);
+                if let Err(fail) = cell.get_or_try_init(connect).await {
                     tracing::debug!(
                         "polylock redlock: connecting to a node failed: {}",
                         describe(&config, &fail)
@@ -253,7 +263,7 @@ impl Node {
             });
         }
         self.link
-            .get_or_try_init(|| connect_node(&self.config))
+            .get_or_try_init(|| connect_node(&self.config, self.index, &self.servers))
             .await
     }
 
@@ -279,10 +289,70 @@ impl Node {
     }
 }
 
+/// Which server each node of a client is, by the server's `run_id` (new at
+/// every server start): one server listed twice under two names
+/// (`localhost` and `127.0.0.1`, two DNS names of one host) would count
+/// twice toward the majority, so a minority would look like one. The URL
+/// parser catches the same address written twice; this catches the rest.
+#[derive(Debug, Default)]
+struct Servers {
+    /// `run_id` → the index of the node that reported it.
+    seen: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+impl Servers {
+    /// Records that node `index` is the server `run_id`; an error names
+    /// the other node already found to be that server.
+    fn record(&self, run_id: String, index: usize) -> Result<(), usize> {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        match seen.entry(run_id) {
+            std::collections::hash_map::Entry::Occupied(e) if *e.get() != index => Err(*e.get()),
+            std::collections::hash_map::Entry::Occupied(_) => Ok(()),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(index);
+                Ok(())
+            }
+        }
+    }
+}
+
 /// A command connection to the node of `config`, with every script of
-/// Redlock loaded.
-async fn connect_node(config: &RedisConfig) -> Result<Link, Fail> {
+/// Redlock loaded, once the node proved to be a server no other node of
+/// the client is ([`Servers`]). A node that is another's server never
+/// connects: its requests fail, so it never counts toward a majority.
+async fn connect_node(config: &RedisConfig, index: usize, servers: &Servers) -> Result<Link, Fail> {
     let link = Link::connect(config).await?;
+    // A server that refuses `INFO` (an ACL without it, a managed service
+    // that renamed it) or hides `run_id` (a proxy) cannot be told apart;
+    // the URL check is all there is then.
+    let info: String = match link
+        .command(redis::cmd("INFO").arg("server"), Duration::ZERO)
+        .await
+    {
+        Ok(info) => info,
+        Err(Fail::Redis(e)) if e.code().is_some() => String::new(),
+        Err(fail) => return Err(fail),
+    };
+    if let Some(run_id) = info
+        .lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .map(str::trim)
+        .filter(|id| !id.is_empty())
+    {
+        if let Err(other) = servers.record(run_id.to_string(), index) {
+            return Err(Fail::Redis(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "a Redlock node is listed twice",
+                format!(
+                    "node {} is the same server as node {} (the same run_id): Redlock needs \
+                     independent nodes, and one counted twice would make a minority look \
+                     like a majority",
+                    index + 1,
+                    other + 1
+                ),
+            ))));
+        }
+    }
     let mut scripts: Vec<&Script> = vec![&RAISE_FENCE, &UNDO, &RELEASE, &FORCE_RELEASE];
     let plain = plain_layout(String::new()).scripts();
     scripts.extend([
@@ -372,8 +442,8 @@ struct Inner {
     /// release publishes on every node it held, so a waiter subscribed on
     /// all of them hears it from any node of the holder's majority.
     subscribers: Vec<Subscriber>,
-    /// The lock space stamped on this client's leases (Redlock and the
-    /// key prefix); renew and release refuse another space's.
+    /// The lock space stamped on this client's leases (Redlock, the
+    /// database and the key prefix); renew and release refuse another space's.
     space: LockSpace,
 }
 
@@ -471,7 +541,13 @@ impl RedlockBackend {
     /// # Cancel safety
     /// Cancel safe: a dropped connect leaves nothing behind.
     pub async fn connect_with(config: RedlockConfig) -> Result<RedlockBackend, LockError> {
-        let nodes: Vec<Node> = config.nodes.iter().map(|c| Node::new(c.clone())).collect();
+        let servers = Arc::new(Servers::default());
+        let nodes: Vec<Node> = config
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Node::new(c.clone(), i, Arc::clone(&servers)))
+            .collect();
         // Connecting costs a handshake and the script loads: more than one
         // request's timeout.
         let limit = config.timeout * 4;
@@ -519,13 +595,16 @@ impl RedlockBackend {
                     .map_err(|e| connect_error(&n.config, Fail::Redis(e)))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        // The database too: the same prefix on another database of the
+        // same nodes is another set of locks.
+        let space = LockSpace::named(&["redlock", &config.nodes[0].db.to_string(), &layout_prefix]);
         Ok(RedlockBackend {
             inner: Arc::new(Inner {
                 config,
                 layout,
                 nodes,
                 subscribers,
-                space: LockSpace::named(&["redlock", &layout_prefix]),
+                space,
             }),
         })
     }
@@ -624,6 +703,25 @@ impl RedlockBackend {
             drift: asked.drift.max(self.inner.config.drift_factor),
             margin: asked.margin.max(self.inner.config.drift),
         }
+    }
+
+    /// Refuses, before any I/O, a TTL that this client's drift settings
+    /// leave no renewal room in ([`ClockPolicy::check_ttl`]): the Locker
+    /// checked it against the policy asked for, which `drift=` and
+    /// `drift_factor=` may make stricter here. Without this, every round
+    /// would be granted, found to have no validity, and undone, for the
+    /// whole wait.
+    fn check_ttl(&self, req: &AcquireRequest) -> Result<(), LockError> {
+        let (ttl, _) = guarantees().granted_ttl(req.ttl, PX_UNIT);
+        self.policy_for(req.clock)
+            .check_ttl(ttl)
+            .map_err(|e| match e {
+                LockError::InvalidTtl { ttl, reason } => LockError::InvalidTtl {
+                    ttl,
+                    reason: format!("{reason} (or lower this client's drift= or drift_factor=)"),
+                },
+                other => other,
+            })
     }
 
     /// One acquire attempt; see the module docs.
@@ -952,6 +1050,7 @@ impl LockBackend for RedlockBackend {
     /// may be taken on some nodes with nobody holding the lease; they free
     /// it at its TTL.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        self.check_ttl(req)?;
         self.inner.space.stamp(self.attempt(req).await)
     }
 
@@ -970,6 +1069,7 @@ impl LockBackend for RedlockBackend {
     /// the lock if the round won it. A drop during the first attempt is like
     /// dropping [`try_acquire`](LockBackend::try_acquire).
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        self.check_ttl(req)?;
         self.inner.space.stamp(self.wait_for(req).await)
     }
 

@@ -312,9 +312,14 @@ async fn an_acquire_slower_than_its_validity_is_not_acquired_and_is_undone() {
     // The undo is visible when the keys would otherwise live on: a drift
     // allowance that leaves no validity after this round trip, with a TTL
     // that outlasts it by far.
-    let undone = connect("?timeout=3s&drift=2s").await;
+    // 3 s × 0.99 − 1.9 s: trusted for 1.07 s, past a third of the TTL (so
+    // not refused before I/O), and less than the round trip below.
+    let undone = connect("?timeout=3s&drift=1900ms").await;
+    for p in &proxies {
+        p.set_mode(Mode::Delay(Duration::from_millis(600)));
+    }
     let n = name("no-validity");
-    let ttl = Duration::from_millis(2100);
+    let ttl = Duration::from_millis(3000);
     let sent = Instant::now();
     let r = undone.try_acquire(&req(&n, ttl)).await;
     assert!(
@@ -1384,4 +1389,151 @@ async fn a_renewal_keeps_the_configured_drift_whatever_the_lease_carries() {
         renewed.deadline() - renewed.sent_at()
     );
     client.release(&lease).await.unwrap();
+}
+
+/// A TTL that this client's `drift=` leaves no renewal room in is refused
+/// before any I/O, as `InvalidTtl`, not granted, found to have no validity
+/// and undone round after round for the whole wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_the_configured_drift_leaves_no_room_in_is_refused_before_any_io() {
+    let servers = RedisServer::start_independent(3, &[]).expect("start three redis-servers");
+    let client = RedlockBackend::connect(&url(&servers, "?drift=1s"))
+        .await
+        .expect("connect");
+    let n = name("drift-ttl");
+    let stats_before = {
+        let mut c = redis::Client::open(servers[0].url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async::<String>(&mut c)
+            .await
+            .unwrap()
+    };
+    let short = Duration::from_secs(1);
+    let waiting = AcquireRequest::new(
+        n.clone(),
+        OwnerToken::random(),
+        short,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let started = Instant::now();
+    for r in [
+        client.try_acquire(&req(&n, short)).await,
+        client.acquire(&waiting).await,
+    ] {
+        assert!(
+            matches!(&r, Err(LockError::InvalidTtl { reason, .. }) if reason.contains("drift=")),
+            "{r:?}"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "the refusal took {:?}: it waited",
+        started.elapsed()
+    );
+    let all: Vec<&RedisServer> = servers.iter().collect();
+    assert_eq!(holding(&all, n.as_str()).await, 0);
+    let stats_after = {
+        let mut c = redis::Client::open(servers[0].url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async::<String>(&mut c)
+            .await
+            .unwrap()
+    };
+    let evals = |stats: &str| -> u64 {
+        stats
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    };
+    assert_eq!(
+        evals(&stats_before),
+        evals(&stats_after),
+        "scripts ran on a node for a refused TTL"
+    );
+    // A TTL with room is granted.
+    let lease = client
+        .try_acquire(&req(&n, Duration::from_secs(4)))
+        .await
+        .unwrap()
+        .expect("free");
+    client.release(&lease).await.unwrap();
+}
+
+/// One server listed twice under two addresses (here: its own and a
+/// proxy's in front of it) is refused when the nodes connect: it would
+/// count twice toward the majority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_listed_under_two_addresses_is_refused() {
+    let servers = RedisServer::start_independent(2, &[]).expect("start two redis-servers");
+    let alias = Proxy::start(servers[0].addr()).unwrap();
+    let url = format!(
+        "redlock://{},{},{}",
+        servers[0].addr(),
+        alias.addr(),
+        servers[1].addr()
+    );
+    let r = RedlockBackend::connect(&url).await;
+    assert!(
+        matches!(&r, Err(LockError::Config(m)) if m.contains("same server")),
+        "{r:?}"
+    );
+    // Three independent servers connect.
+    let third = RedisServer::start().unwrap();
+    let url = format!(
+        "redlock://{},{},{}",
+        servers[0].addr(),
+        servers[1].addr(),
+        third.addr()
+    );
+    RedlockBackend::connect(&url).await.expect("connect");
+}
+
+/// A lease is of its database: a client of another database of the same
+/// nodes refuses it, where it would find nothing there to release and
+/// answer Ok while the lock stayed held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_of_one_database_is_foreign_to_a_client_of_another() {
+    let servers = RedisServer::start_independent(3, &[]).expect("start three redis-servers");
+    let zero =
+        RedlockBackend::connect(&format!("redlock://{}/0", RedisServer::host_list(&servers)))
+            .await
+            .expect("connect");
+    let one = RedlockBackend::connect(&format!("redlock://{}/1", RedisServer::host_list(&servers)))
+        .await
+        .expect("connect");
+    let n = name("db-space");
+    let lease = zero
+        .try_acquire(&req(&n, Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .expect("free");
+    for r in [one.release(&lease).await, one.renew(&lease).await.map(drop)] {
+        assert!(matches!(r, Err(LockError::ForeignLease { .. })), "{r:?}");
+    }
+    let all: Vec<&RedisServer> = servers.iter().collect();
+    assert_eq!(
+        holding(&all, n.as_str()).await,
+        3,
+        "still held on every node"
+    );
+    zero.release(&lease).await.unwrap();
 }

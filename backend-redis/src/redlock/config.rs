@@ -6,7 +6,9 @@
 //!
 //! At least three hosts, each an independent Redis master (not replicas of
 //! one another, not one cluster); every host gets the same credentials and
-//! database. Options (query parameters, durations as everywhere in
+//! database. One server listed twice would count twice toward a majority,
+//! so it is refused: the same address in any spelling when the URL is
+//! parsed, two names of one server (its `run_id`) when the nodes connect. Options (query parameters, durations as everywhere in
 //! polylock, see [`lock_core::duration`]; a bare number is milliseconds):
 //! - `op_timeout=DURATION` (also `timeout=`): how long one node may take to answer one request
 //!   before it counts as failed for that request; default 100ms. Keep it
@@ -39,6 +41,18 @@ pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(200);
 /// The fewest nodes a Redlock set may have: with fewer, one failure is
 /// already a lost majority.
 pub const MIN_NODES: usize = 3;
+
+/// `host` as the server it names, for telling one node listed twice: host
+/// names are case-insensitive and may end in the root's dot, and one
+/// address has many spellings (`::1` and `0:0::1`, `::ffff:10.0.0.1` and
+/// `10.0.0.1`). Names that resolve to one server are told apart when the
+/// nodes connect (their `run_id`).
+fn same_host(host: &str) -> String {
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.to_canonical().to_string(),
+        Err(_) => host.trim_end_matches('.').to_ascii_lowercase(),
+    }
+}
 
 const OPTIONS: &str = "op_timeout, drift_factor, drift, retry_delay, prefix";
 
@@ -95,15 +109,18 @@ impl RedlockConfig {
         }
         let (username, password) = credentials(&u);
         let mut nodes = Vec::new();
+        let mut seen = Vec::new();
         for host in u.hosts() {
             let node = Node::from(host);
-            if nodes.contains(&node) {
+            let key = (same_host(&node.host), node.port);
+            if seen.contains(&key) {
                 return Err(u.error(format_args!(
                     "`{}:{}` is listed twice: Redlock needs independent nodes, and one node \
                      counted twice would make a minority look like a majority",
                     node.host, node.port
                 )));
             }
+            seen.push(key);
             nodes.push(node);
         }
         if nodes.len() < MIN_NODES {
@@ -230,6 +247,11 @@ mod tests {
         assert_eq!(n.password.as_deref(), Some("p@ss"));
         assert_eq!(n.timeout, Duration::from_millis(30));
         let d = RedlockConfig::parse("redlock://a,b,[::1]:7").unwrap();
+        // The defaults the module docs state.
+        assert_eq!(d.timeout, Duration::from_millis(100));
+        assert_eq!(d.drift_factor, 0.01);
+        assert_eq!(d.drift, Duration::from_millis(2));
+        assert_eq!(d.retry_delay, Duration::from_millis(200));
         assert_eq!(d.quorum(), 2);
         assert_eq!(d.timeout, DEFAULT_NODE_TIMEOUT);
         assert_eq!(d.nodes[0].nodes[0].port, 6379);
@@ -240,6 +262,16 @@ mod tests {
         assert!(err("redlock://a:1").contains("at least 3"));
         assert!(err("redlock://a:1,b:2").contains("got 2"));
         assert!(err("redlock://a:1,b:2,a:1").contains("twice"));
+        // One server under other spellings of its name or address.
+        for same in [
+            "redlock://cache,CACHE,other",
+            "redlock://cache,cache.,other",
+            "redlock://[::1]:7,[0:0::1]:7,b",
+            "redlock://10.0.0.1,[::ffff:10.0.0.1],b",
+        ] {
+            assert!(err(same).contains("listed twice"), "{same}");
+        }
+        assert!(RedlockConfig::parse("redlock://a:1,a:2,a:3").is_ok());
         assert!(err("redlock://a:1,b:2,").contains("host is missing"));
         assert!(err("redis://a:1,b:2,c:3").contains("scheme"));
         assert!(err("redlock://a,b,c?drift_factor=0.7").contains("drift_factor"));
