@@ -28,6 +28,11 @@ use crate::path::{
 use crate::session::{Session, Sessions};
 use lock_core::{owner_value, parse_owner_value};
 
+/// The longest session timeout a connect request can ask for: the
+/// protocol sends it as a signed 32-bit count of milliseconds (about 24.8
+/// days). A longer TTL asked as such would wrap around to a negative or
+/// arbitrary timeout, which the server turns into its minimum.
+const MAX_SESSION_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 /// The smallest session timeout a ZooKeeper server grants with the test
 /// kit's `tickTime=500` (two ticks). A server with a longer tick raises
 /// it; the lease then reports what the server negotiated.
@@ -329,12 +334,15 @@ impl ZkBackend {
             .await
     }
 
-    /// The session timeout asked for a lock of `ttl`.
+    /// The session timeout asked for a lock of `ttl`: at most what the
+    /// protocol can carry ([`MAX_SESSION_TIMEOUT`]); the server grants no
+    /// more than its `maxSessionTimeout` anyway.
     fn session_timeout(&self, ttl: Duration) -> Duration {
         self.inner
             .config
             .session_timeout
             .unwrap_or_else(|| self.inner.guarantees.effective_ttl(ttl))
+            .min(MAX_SESSION_TIMEOUT)
     }
 
     /// `req` for one pass of this client: its deadlines lose the
