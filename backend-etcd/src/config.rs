@@ -102,7 +102,7 @@ impl EtcdConfig {
     /// raised before any I/O.
     pub fn parse(url: &str) -> Result<Self, LockError> {
         let u = LockUrl::parse(url, "etcd://HOST[:PORT][,HOST[:PORT]...]")?;
-        let mut tls = match u.scheme() {
+        let tls = match u.scheme() {
             "etcd" => false,
             "etcds" => true,
             other => {
@@ -131,6 +131,7 @@ impl EtcdConfig {
 
         let mut prefix = String::new();
         let mut ca = None;
+        let mut tls_asked = None;
         let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
         let mut op_timeout = DEFAULT_OP_TIMEOUT;
         for (key, value) in u.options() {
@@ -142,7 +143,7 @@ impl EtcdConfig {
                     prefix = value.to_string();
                 }
                 "tls" => {
-                    tls = match value {
+                    tls_asked = Some(match value {
                         "true" | "1" | "yes" | "on" => true,
                         "false" | "0" | "no" | "off" => false,
                         other => {
@@ -150,14 +151,13 @@ impl EtcdConfig {
                                 u.option_error(key, format_args!("`{other}` is not true or false"))
                             )
                         }
-                    }
+                    });
                 }
                 "ca" => {
                     if value.is_empty() {
                         return Err(u.option_error(key, "needs the path of a PEM file"));
                     }
                     ca = Some(PathBuf::from(value));
-                    tls = true;
                 }
                 "connect_timeout" => connect_timeout = u.positive_duration(key, value)?,
                 "op_timeout" => op_timeout = u.positive_duration(key, value)?,
@@ -168,6 +168,19 @@ impl EtcdConfig {
                 }
             }
         }
+        // A CA file means TLS, whatever the scheme; `tls=false` beside it
+        // would send the password in clear text while the URL looks
+        // secured, so the two together are refused.
+        let tls = match (tls_asked, &ca) {
+            (Some(false), Some(_)) => {
+                return Err(u.error(
+                    "ca= is for TLS, and tls=false turns TLS off: drop one of them",
+                ))
+            }
+            (_, Some(_)) => true,
+            (Some(asked), None) => asked,
+            (None, None) => tls,
+        };
         let redacted = u.redacted().to_string();
         Ok(EtcdConfig {
             endpoints,
@@ -255,6 +268,9 @@ mod tests {
         assert!(EtcdConfig::parse("etcd://h?tls=true").unwrap().tls());
         assert!(!EtcdConfig::parse("etcds://h?tls=false").unwrap().tls());
         assert!(EtcdConfig::parse("etcd://h?ca=/x.pem").unwrap().tls());
+        // The defaults the module docs state.
+        assert_eq!(c.connect_timeout(), Duration::from_secs(5));
+        assert_eq!(c.op_timeout, Duration::from_secs(5));
     }
 
     #[test]
@@ -294,6 +310,10 @@ mod tests {
         assert!(err("etcd://h#frag").contains("fragment"));
         assert!(err("etcd://[::1").contains("closing"));
         assert!(err("etcd://h?tls=maybe").contains("not true or false"));
+        // Whatever the order: no plain text with a CA given.
+        for url in ["etcd://h?ca=/ca.pem&tls=false", "etcd://h?tls=false&ca=/ca.pem"] {
+            assert!(err(url).contains("drop one of them"), "{url}");
+        }
         assert!(err("etcd://h?op_timeout=0").contains("above zero"));
         assert!(err("etcd://h?op_timeout=2d").contains("unknown unit"));
         assert!(err("etcd://h?prefix=a&prefix=b").contains("twice"));
