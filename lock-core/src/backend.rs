@@ -156,7 +156,18 @@ pub fn validate_wait(wait: Duration) -> Result<(), LockError> {
 }
 
 /// Who holds a lock, as far as the backend can tell.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// `Debug` shows only the start of [`owner`](Self::owner), as
+/// [`OwnerToken`]'s does: whoever has the whole token can renew and release
+/// the holder's lock, and Debug output ends up in logs.
+///
+/// ```
+/// use lock_core::{HolderInfo, OwnerToken};
+/// let token = OwnerToken::random().to_string();
+/// let info = HolderInfo::new(token.clone(), None, None);
+/// assert!(!format!("{info:?}").contains(&token));
+/// ```
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HolderInfo {
     /// The holder's identity as stored (an owner token, or a foreign
@@ -186,6 +197,23 @@ impl HolderInfo {
     pub fn with_meta(mut self, meta: Option<HolderMeta>) -> Self {
         self.meta = meta;
         self
+    }
+}
+
+impl std::fmt::Debug for HolderInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let start: String = self.owner.chars().take(8).collect();
+        let owner = if start.len() < self.owner.len() {
+            format!("{start}…")
+        } else {
+            start
+        };
+        f.debug_struct("HolderInfo")
+            .field("owner", &owner)
+            .field("fence", &self.fence)
+            .field("expires_in", &self.expires_in)
+            .field("meta", &self.meta)
+            .finish()
     }
 }
 
