@@ -173,9 +173,7 @@ impl EtcdConfig {
         // secured, so the two together are refused.
         let tls = match (tls_asked, &ca) {
             (Some(false), Some(_)) => {
-                return Err(u.error(
-                    "ca= is for TLS, and tls=false turns TLS off: drop one of them",
-                ))
+                return Err(u.error("ca= is for TLS, and tls=false turns TLS off: drop one of them"))
             }
             (_, Some(_)) => true,
             (Some(asked), None) => asked,
@@ -311,7 +309,10 @@ mod tests {
         assert!(err("etcd://[::1").contains("closing"));
         assert!(err("etcd://h?tls=maybe").contains("not true or false"));
         // Whatever the order: no plain text with a CA given.
-        for url in ["etcd://h?ca=/ca.pem&tls=false", "etcd://h?tls=false&ca=/ca.pem"] {
+        for url in [
+            "etcd://h?ca=/ca.pem&tls=false",
+            "etcd://h?tls=false&ca=/ca.pem",
+        ] {
             assert!(err(url).contains("drop one of them"), "{url}");
         }
         assert!(err("etcd://h?op_timeout=0").contains("above zero"));

@@ -1,5 +1,5 @@
-//! `etcds://` against an etcd serving TLS with a test CA (made here with
-//! the openssl command line; the test kit starts plain-text etcd only).
+//! `etcds://` against an etcd serving TLS with a test CA (the test kit's
+//! `make_certs`; the test kit starts plain-text etcd only).
 
 mod common;
 
@@ -22,86 +22,7 @@ impl Drop for Etcd {
     }
 }
 
-fn run(dir: &Path, args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A CA, and a certificate for 127.0.0.1 signed by it.
-fn make_certs(dir: &Path) {
-    run(
-        dir,
-        &[
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=polylock test CA",
-        ],
-    );
-    run(
-        dir,
-        &[
-            "openssl",
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ],
-    );
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
-         keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    run(
-        dir,
-        &[
-            "openssl",
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "1",
-            "-extfile",
-            "ext.cnf",
-        ],
-    );
-}
-
-fn start_tls_etcd(dir: &Path) -> (Etcd, u16) {
+fn start_tls_etcd(dir: &Path, certs: &testkit::TestCerts) -> (Etcd, u16) {
     let (client, peer) = (testkit::free_port(), testkit::free_port());
     let client_url = format!("https://127.0.0.1:{client}");
     let peer_url = format!("http://127.0.0.1:{peer}");
@@ -123,7 +44,10 @@ fn start_tls_etcd(dir: &Path) -> (Etcd, u16) {
             &peer_url,
         ])
         .args(["--initial-cluster", &format!("tls={peer_url}")])
-        .args(["--cert-file", "server.pem", "--key-file", "server.key"])
+        .arg("--cert-file")
+        .arg(&certs.cert)
+        .arg("--key-file")
+        .arg(&certs.key)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -134,9 +58,9 @@ fn start_tls_etcd(dir: &Path) -> (Etcd, u16) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcds_with_a_private_ca() {
     let dir = tempfile::tempdir().unwrap();
-    make_certs(dir.path());
-    let (_etcd, port) = start_tls_etcd(dir.path());
-    let ca = dir.path().join("ca.pem");
+    let certs = testkit::make_certs(dir.path(), None).expect("test certificates");
+    let (_etcd, port) = start_tls_etcd(dir.path(), &certs);
+    let ca = certs.ca;
     let url = format!(
         "etcds://127.0.0.1:{port}?ca={}&connect_timeout=2s",
         ca.display()

@@ -19,6 +19,7 @@
 //!
 //! [tls]                           # files; redis: ca; etcd: ca;
 //! ca = "/etc/ssl/locks-ca.pem"    # postgres, mysql/mariadb: ca, cert, key
+//!                                 # (a ca there also sets the verifying mode)
 //!
 //! # Instead of `url`: a migration lock (see docs/migration.md).
 //! [migrate]
@@ -444,7 +445,7 @@ fn with_options(root: &Table, url: String, at: &At<'_>) -> Result<String, LockEr
     let mut options: Vec<(&str, String, String)> = Vec::new();
     if let Some(prefix) = string(root, "key_prefix", "key_prefix", at)? {
         match scheme.as_str() {
-            "redis" | "rediss" | "redis+cluster" | "etcd" | "etcds" | "zk" => {
+            "redis" | "rediss" | "redis+cluster" | "redlock" | "etcd" | "etcds" | "zk" => {
                 options.push(("key_prefix", "prefix".into(), prefix.to_string()))
             }
             other => {
@@ -481,6 +482,21 @@ fn with_options(root: &Table, url: String, at: &At<'_>) -> Result<String, LockEr
                 }
             };
             options.push((shown, option.into(), path.to_string()));
+        }
+        // The SQL drivers take a CA file without checking anything against
+        // it unless the TLS mode says so (their default falls back to
+        // plain text): a CA given here means "verify the server", so the
+        // mode that does is added, unless the URL chose one itself.
+        let verify = match scheme.as_str() {
+            "postgres" | "postgresql" => Some(("sslmode", "verify-full")),
+            "mysql" | "mariadb" => Some(("ssl-mode", "VERIFY_IDENTITY")),
+            _ => None,
+        };
+        if let Some((mode, value)) = verify {
+            let has_ca = options.iter().any(|(shown, _, _)| *shown == "tls.ca");
+            if has_ca && !parsed.options().any(|(k, _)| k == mode) {
+                options.push(("tls.ca", mode.into(), value.into()));
+            }
         }
     }
     let mut url = url;
@@ -614,6 +630,42 @@ ca = "/etc/ssl/ca.pem"
         assert_eq!(u.password(), Some("hunter2/@x"));
         no_secret(&format!("{c} {c:?} {}", c.redacted_url()));
         assert!(format!("{c}").contains("/etc/app/polylock.toml"));
+    }
+
+    #[test]
+    fn a_sql_ca_turns_on_the_verifying_mode_unless_the_url_sets_one() {
+        let with_ca = |url: &str| {
+            parse(&format!("url = \"{url}\"\n[tls]\nca = \"/ca.pem\""))
+                .map(|c| c.url().replace("%2D", "-").replace("%5F", "_"))
+        };
+        let u = with_ca("postgres://u@db/app").unwrap();
+        assert!(
+            u.contains("sslrootcert=%2Fca%2Epem") && u.contains("sslmode=verify-full"),
+            "{u}"
+        );
+        let u = with_ca("postgres://u@db/app?sslmode=verify-ca").unwrap();
+        assert!(
+            u.contains("sslmode=verify-ca") && !u.contains("verify-full"),
+            "{u}"
+        );
+        for scheme in ["mysql", "mariadb"] {
+            let u = with_ca(&format!("{scheme}://u@db/app")).unwrap();
+            assert!(
+                u.contains("ssl-ca=") && u.contains("ssl-mode=VERIFY_IDENTITY"),
+                "{u}"
+            );
+            let u = with_ca(&format!("{scheme}://u@db/app?ssl-mode=REQUIRED")).unwrap();
+            assert!(!u.contains("VERIFY_IDENTITY"), "{u}");
+        }
+        // A cert alone (client authentication) leaves the mode alone.
+        let c = parse("url = \"postgres://u@db/app\"\n[tls]\ncert = \"/c.pem\"").unwrap();
+        assert!(!c.url().contains("sslmode"), "{}", c.url());
+    }
+
+    #[test]
+    fn key_prefix_reaches_redlock_too() {
+        let c = parse("url = \"redlock://a,b,c\"\nkey_prefix = \"app:\"").unwrap();
+        assert_eq!(c.url(), "redlock://a,b,c?prefix=app%3A");
     }
 
     #[test]

@@ -33,6 +33,7 @@ mod proxy;
 mod redis;
 mod redis_cluster;
 pub mod register;
+mod tls;
 mod zookeeper;
 
 pub use clock::{FakeClock, LIBFAKETIME};
@@ -45,6 +46,7 @@ pub use process::{run_with_timeout, ServerProcess};
 pub use proxy::{Mode, Proxy};
 pub use redis::RedisServer;
 pub use redis_cluster::RedisCluster;
+pub use tls::{make_certs, TestCerts};
 pub use zookeeper::{ZooKeeperEnsemble, ZooKeeperMember, ZooKeeperServer};
 
 #[cfg(test)]

@@ -37,6 +37,8 @@ pub struct PostgresServer {
     process: ServerProcess,
     port: u16,
     socket_dir: PathBuf,
+    /// The test CA that signed the server's certificate, with TLS on.
+    tls_ca: Option<PathBuf>,
 }
 
 server_controls!(PostgresServer, process);
@@ -55,9 +57,11 @@ impl PostgresServer {
         Self::start_inner(false, Some(clock))
     }
 
-    /// Like [`start`](Self::start), with TLS on: a self-signed certificate
-    /// made by `openssl` for `localhost`/127.0.0.1. Clients may connect with
-    /// or without TLS (`sslmode=require` makes it mandatory on their side).
+    /// Like [`start`](Self::start), with TLS on: a certificate for
+    /// `localhost`/127.0.0.1 signed by a test CA ([`tls_ca`](Self::tls_ca)),
+    /// made by `openssl`. Clients may connect with or without TLS
+    /// (`sslmode=require` makes it mandatory on their side, `verify-full`
+    /// with the CA also checks the certificate).
     pub fn start_with_tls() -> Result<PostgresServer> {
         Self::start_inner(true, None)
     }
@@ -102,16 +106,20 @@ impl PostgresServer {
             .run_checked("initializing the PostgreSQL data directory", SETUP_TIMEOUT)?;
 
         let mut tls_args = Vec::new();
+        let mut tls_ca = None;
         if tls {
-            let (cert, key) = self_signed_cert(dir.path(), os_user)?;
+            let tls_dir = dir.path().join("tls");
+            make_owned_dir(&tls_dir, 0o700, os_user)?;
+            let certs = crate::tls::make_certs(&tls_dir, os_user)?;
             tls_args = vec![
                 "-c".to_string(),
                 "ssl=on".to_string(),
                 "-c".to_string(),
-                format!("ssl_cert_file={}", cert.display()),
+                format!("ssl_cert_file={}", certs.cert.display()),
                 "-c".to_string(),
-                format!("ssl_key_file={}", key.display()),
+                format!("ssl_key_file={}", certs.key.display()),
             ];
+            tls_ca = Some(certs.ca);
         }
 
         let port = try_free_port()?;
@@ -146,6 +154,7 @@ impl PostgresServer {
             process,
             port,
             socket_dir,
+            tls_ca,
         };
         // If this fails, dropping `server` kills the postmaster.
         CommandSpec::new(psql)
@@ -158,6 +167,12 @@ impl PostgresServer {
             .arg(format!("CREATE DATABASE {DATABASE} OWNER {USER}"))
             .run_checked("creating the polylock role and database", SETUP_TIMEOUT)?;
         Ok(server)
+    }
+
+    /// The CA file (PEM) that signed the server's certificate, for a
+    /// server started [with TLS](Self::start_with_tls).
+    pub fn tls_ca(&self) -> Option<&Path> {
+        self.tls_ca.as_deref()
     }
 
     /// The TCP port on 127.0.0.1.
@@ -265,26 +280,4 @@ fn make_owned_dir(path: &Path, mode: u32, owner: Option<(u32, u32)>) -> Result<(
             .map_err(|e| Error::io(format!("chown {}", path.display()), e))?;
     }
     set_mode(path, mode)
-}
-
-/// A self-signed certificate and key for `localhost`, readable only by the
-/// server's OS user (PostgreSQL refuses a key others can read).
-fn self_signed_cert(dir: &Path, os_user: Option<(u32, u32)>) -> Result<(PathBuf, PathBuf)> {
-    let openssl = find_binary("openssl", "openssl", &[])?;
-    let tls_dir = dir.join("tls");
-    make_owned_dir(&tls_dir, 0o700, os_user)?;
-    let (cert, key) = (tls_dir.join("server.crt"), tls_dir.join("server.key"));
-    CommandSpec::new(openssl)
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-        ])
-        .args(["-subj", "/CN=localhost"])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .user(os_user)
-        .cwd(dir)
-        .run_checked("making a self-signed TLS certificate", SETUP_TIMEOUT)?;
-    Ok((cert, key))
 }
