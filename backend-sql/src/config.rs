@@ -9,7 +9,8 @@
 //! - `mysql://USER:PASSWORD@HOST:PORT/DB` (or `mariadb://`).
 //!
 //! polylock's options go in the query string and are removed before the rest
-//! is handed to the driver (so driver options such as `sslmode=` still work):
+//! is handed to the driver (so driver options such as `sslmode=` still work;
+//! a SQLite URL takes polylock's options only):
 //!
 //! | option            | default                      | meaning |
 //! |-------------------|------------------------------|---------|
@@ -265,6 +266,14 @@ fn split_options(u: &LockUrl) -> Result<(Options, Vec<(String, String)>), LockEr
         }
         seen.push(name);
     }
+    let table = o.table.as_deref().unwrap_or(DEFAULT_TABLE);
+    let fence_table = o.fence_table.as_deref().unwrap_or(DEFAULT_FENCE_TABLE);
+    if table == fence_table {
+        return Err(u.error(format_args!(
+            "the lock table and the fence table are both `{table}`: they hold different rows, \
+             so they need two names"
+        )));
+    }
     Ok((o, rest))
 }
 
@@ -474,6 +483,39 @@ mod tests {
         );
         let m = err("postgres://u:secretpw@/db");
         assert!(!m.contains("secretpw"), "{m}");
+    }
+
+    #[test]
+    fn the_documented_defaults() {
+        let lite = SqlConfig::parse("sqlite:///tmp/x.db").unwrap();
+        let pg = SqlConfig::parse("postgres://u@db/app").unwrap();
+        let my = SqlConfig::parse("mysql://u@db/app").unwrap();
+        assert_eq!(lite.max_poll(), Duration::from_millis(100));
+        assert_eq!(my.max_poll(), Duration::from_millis(100));
+        assert_eq!(pg.max_poll(), Duration::from_millis(500));
+        assert_eq!(
+            (lite.pool_size(), pg.pool_size(), my.pool_size()),
+            (4, 8, 8)
+        );
+        for c in [&lite, &pg, &my] {
+            assert_eq!(c.table(), "polylock_locks");
+            assert_eq!(c.fence_table, "polylock_fences");
+            assert_eq!(c.connect_timeout, Duration::from_secs(10));
+            assert_eq!(c.op_timeout, Duration::from_secs(10));
+        }
+        assert_eq!(lite.busy_timeout, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn the_lock_and_fence_tables_need_two_names() {
+        for url in [
+            "sqlite:///tmp/x.db?table=locks&fence_table=locks",
+            "postgres://u@db/app?table=polylock_fences",
+            "mysql://u@db/app?fence_table=polylock_locks",
+        ] {
+            assert!(err(url).contains("two names"), "{url}");
+        }
+        assert!(SqlConfig::parse("postgres://u@db/app?table=a&fence_table=b").is_ok());
     }
 
     #[test]

@@ -215,7 +215,10 @@ impl Dialect {
 
     /// The statement that records `token` for `resource` in the fence table
     /// `table` if no higher token was accepted before, for applications that
-    /// add the check to their own transactions by hand.
+    /// add the check to their own transactions by hand. It is the token
+    /// order only, not the lock row's check that `SqlBackend::fenced` adds:
+    /// a holder paused past its TTL is refused once a newer token was
+    /// recorded, not before.
     ///
     /// Parameters: resource (text; bytes on MySQL), token (integer). Run it
     /// FIRST in the transaction of the write it guards (it locks the fence

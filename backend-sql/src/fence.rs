@@ -31,7 +31,9 @@
 //! The fence table lives in the same database as the lock table, so the
 //! application's tables must live there too for the check and the write to
 //! share a transaction. Applications that write through their own driver
-//! can add the same check to their own transactions with
+//! can add step 2 (not the lock-row check of step 1, so it refuses a stale
+//! token only once a newer one was recorded, as `fenced_token` does) to
+//! their own transactions with
 //! [`Dialect::fence_check_sql`](crate::Dialect::fence_check_sql); an
 //! alternative that needs no extra table is a token column on the
 //! application's row (`UPDATE t SET ..., fence = $token WHERE id = $id AND
