@@ -460,6 +460,11 @@ mod tests {
             (0, Format::Plain, DEFAULT_PREFIX)
         );
         assert!(!c.cluster && !c.tls);
+        // The defaults the module docs state.
+        assert_eq!(c.op_timeout(), Duration::from_secs(2));
+        assert_eq!(c.wait_replicas, None);
+        assert!(!c.fair());
+        assert_eq!(DEFAULT_PREFIX, "");
         let c = RedisConfig::parse("redis://app:p%40ss@cache/3").unwrap();
         assert_eq!(c.username.as_deref(), Some("app"));
         assert_eq!(c.password.as_deref(), Some("p@ss"));

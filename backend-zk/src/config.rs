@@ -370,7 +370,13 @@ mod tests {
         assert_eq!(c.prefix(), DEFAULT_PREFIX);
         assert_eq!(c.session_timeout(), None);
         assert_eq!(c.op_timeout(), DEFAULT_OP_TIMEOUT);
+        // The numbers the module docs state.
+        assert_eq!(c.prefix(), "polylock");
+        assert_eq!(c.op_timeout(), Duration::from_secs(5));
+        assert_eq!(c.idle_timeout(), Duration::from_secs(30));
+        assert_eq!(c.follower_lag(), Duration::ZERO);
         let c = ZkConfig::parse("ZK://a,b:1,[::1]/").unwrap();
+        assert_eq!(c.follower_lag(), Duration::from_secs(12));
         assert_eq!(c.servers(), ["a:2181", "b:1", "[::1]:2181"]);
         assert_eq!(c.connect_string(), "a:2181,b:1,[::1]:2181");
         let c = ZkConfig::parse("zk://h/a/b/?prefix=/x/y/&op_timeout=250ms").unwrap();
