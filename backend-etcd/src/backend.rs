@@ -9,7 +9,7 @@ use etcd_client::{Client, ConnectOptions};
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use lock_core::{
     AcquireRequest, ExpiryClock, FencingGuarantee, FencingToken, Guarantees, HolderInfo, Lease,
-    LockBackend, LockError, LockName, LockSpace, WaitMechanism,
+    LockBackend, LockError, LockName, LockSpace, OwnerToken, WaitMechanism,
 };
 use tokio::time::{sleep, sleep_until, timeout_at, Instant};
 
@@ -355,7 +355,10 @@ impl EtcdBackend {
         {
             let deleted = {
                 let mut attempt = ReleaseAttempt::new(self, key, rev);
-                let deleted = queue::delete_own(self.conn(), key, rev).await?;
+                attempt.finish_if_dropped = Some((Arc::clone(s), lease.owner()));
+                let r = queue::delete_own(self.conn(), key, rev).await;
+                attempt.finish_if_dropped = None;
+                let deleted = r?;
                 attempt.may_have_deleted = deleted;
                 deleted
             };
@@ -659,6 +662,13 @@ struct ReleaseAttempt<'a> {
     key: &'a str,
     rev: i64,
     may_have_deleted: bool,
+    /// Set while the delete of a claim this client holds is on the wire:
+    /// if the release is dropped then, a task finishes it (the delete
+    /// again, which compares the create revision, then the session forgets
+    /// the claim). Without it the session kept the claim and its name's
+    /// slot until the claim's lease ran out, and this client's next
+    /// acquisition of the name found it held while others found it free.
+    finish_if_dropped: Option<(Arc<Session>, OwnerToken)>,
 }
 
 impl<'a> ReleaseAttempt<'a> {
@@ -668,6 +678,7 @@ impl<'a> ReleaseAttempt<'a> {
             key,
             rev,
             may_have_deleted: true,
+            finish_if_dropped: None,
         }
     }
 }
@@ -677,6 +688,21 @@ impl Drop for ReleaseAttempt<'_> {
         if self.may_have_deleted {
             self.backend.released_log().record(self.key, self.rev);
         }
+        let Some((session, owner)) = self.finish_if_dropped.take() else {
+            return;
+        };
+        // Without a runtime the claim goes with its lease, as before.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (backend, key, rev) = (self.backend.clone(), self.key.to_string(), self.rev);
+        runtime.spawn(async move {
+            // An error leaves the claim held: the session keeps it, and
+            // reaps it with its lease, as for any release that failed.
+            if queue::delete_own(backend.conn(), &key, rev).await.is_ok() {
+                session.forget(&key, rev, owner);
+            }
+        });
     }
 }
 
@@ -972,8 +998,11 @@ impl LockBackend for EtcdBackend {
     /// instead of at the TTL.
     ///
     /// # Cancel safety
-    /// Cancel safe: the delete happened or not; an unreleased claim is
-    /// deleted by the session when its TTL passes without a renew. A
+    /// Cancel safe: a release of a claim this client holds that is dropped
+    /// while its delete is on the wire is finished by a task of its own
+    /// (the delete again, then the claim forgotten), so this client can
+    /// take the name again at once; a claim the release could not delete
+    /// is deleted by the session when its TTL passes without a renew. A
     /// release dropped (or failed) after sending counts as released for a
     /// second release.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use common::{
     acquire_waiting, client, handled, hold_unrenewed, name, server, settled_reads, wait_claims,
 };
+use lock_core::LockBackend;
 use tokio::time::{sleep, timeout, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -340,4 +341,58 @@ async fn a_claim_of_ours_that_nobody_holds_is_removed() {
     );
     g.release().await.unwrap();
     keep.release().await.unwrap();
+}
+
+/// A release dropped while its delete is on the wire (applied by etcd, the
+/// answer not yet back) is finished by the client: its next acquisition of
+/// the name gets it at once, as other clients do, where the session kept
+/// the claim and the name's slot until the claim's lease ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_dropped_on_the_wire_frees_the_name_for_this_client_too() {
+    let (server, _, url) = common::server();
+    let proxy = testkit::Proxy::start(server.addr()).expect("proxy");
+    let slow =
+        backend_etcd::EtcdBackend::connect(&format!("etcd://{}?op_timeout=5s", proxy.addr()))
+            .await
+            .expect("connect");
+    let other = backend_etcd::EtcdBackend::connect(&url)
+        .await
+        .expect("connect");
+    let lock = lock_core::LockName::new(name("dropped-release")).unwrap();
+    let req = || {
+        lock_core::AcquireRequest::new(
+            lock.clone(),
+            lock_core::OwnerToken::random(),
+            Duration::from_secs(10),
+            Duration::ZERO,
+        )
+        .unwrap()
+    };
+    let lease = slow.try_acquire(&req()).await.unwrap().expect("free");
+    // Each way 300 ms: etcd applies the delete at about 300 ms, the answer
+    // would be back at about 600.
+    proxy.set_mode(testkit::Mode::Delay(Duration::from_millis(300)));
+    let r = timeout(Duration::from_millis(450), slow.release(&lease)).await;
+    assert!(r.is_err(), "the release answered within 450 ms: {r:?}");
+    proxy.set_mode(testkit::Mode::Pass);
+    // Well within the 10 s TTL the session would have kept the slot for.
+    let until = Instant::now() + Duration::from_secs(3);
+    loop {
+        let free = other.inspect(&lock).await.expect("inspect").is_none();
+        match slow.try_acquire(&req()).await.expect("try_acquire") {
+            Some(again) if free => {
+                slow.release(&again).await.expect("release");
+                break;
+            }
+            Some(again) => panic!("taken while another client saw it held: {again:?}"),
+            None => {
+                assert!(
+                    Instant::now() < until,
+                    "3 s after the dropped release this client still finds the name held \
+                     (free for another client: {free})"
+                );
+                sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
 }
