@@ -457,21 +457,29 @@ impl RedisBackend {
         )
     }
 
-    /// Runs `inv`; with `wait_replicas`, in one pipeline with `WAIT` on the
-    /// same connection, returning how many replicas acknowledged.
+    /// Runs `inv` (on `via`'s connection when given, see
+    /// [`Link::invoke_on`]); with `wait_replicas`, in one pipeline with
+    /// `WAIT` on the same connection, returning how many replicas
+    /// acknowledged.
     async fn run_script<T: redis::FromRedisValue>(
         &self,
         what: &str,
         name: &LockName,
         key: &str,
         inv: &redis::ScriptInvocation<'_>,
+        via: Option<&Pinned>,
     ) -> Result<(T, Option<u32>), LockError> {
         let r = match self.inner.config.wait_replicas {
-            None => self.inner.link.invoke(inv).await.map(|r| (r, None)),
+            None => self
+                .inner
+                .link
+                .invoke_via(via, inv)
+                .await
+                .map(|r| (r, None)),
             Some(replicas) => self
                 .inner
                 .link
-                .invoke_and_wait(inv, key, replicas, self.inner.config.wait_timeout)
+                .invoke_and_wait(via, inv, key, replicas, self.inner.config.wait_timeout)
                 .await
                 .map(|(r, acked)| (r, Some(acked))),
         };
@@ -502,10 +510,13 @@ impl RedisBackend {
     /// mode `waiter` is the attempt's queue entry and whether a refused
     /// attempt joins (or stays in) the queue. Called in the turn of `req`'s
     /// name and owner (`RedisBackend::turn`), held at least until it returns.
+    /// One attempt; `via`: the connection it must go out on (a retry whose
+    /// cancellation sends its undo there, behind it).
     async fn attempt(
         &self,
         req: &AcquireRequest,
         waiter: Option<(&str, bool)>,
+        via: Option<&Pinned>,
     ) -> Result<Attempt, LockError> {
         let keys = self.key_set(&req.name)?;
         let (ttl, ttl_ms) = self.guarantees().granted_ttl(req.ttl, PX_UNIT);
@@ -567,7 +578,7 @@ impl RedisBackend {
         // Measured before sending: the deadline can only come early.
         let sent_at = Instant::now();
         let reply = self
-            .run_script("acquire", &req.name, &keys.lock, &inv)
+            .run_script("acquire", &req.name, &keys.lock, &inv, via)
             .await;
         // A failure that is not retryable is the server's definite answer;
         // a retryable one (timeout, connection) leaves the outcome unknown.
@@ -691,7 +702,13 @@ impl RedisBackend {
                 Some(replicas) => self
                     .inner
                     .link
-                    .invoke_and_wait(&inv, first_key, replicas, self.inner.config.wait_timeout)
+                    .invoke_and_wait(
+                        None,
+                        &inv,
+                        first_key,
+                        replicas,
+                        self.inner.config.wait_timeout,
+                    )
                     .await
                     .map(|(r, acked)| (r, Some(acked))),
             };
@@ -953,7 +970,7 @@ impl RedisBackend {
                 lock_core::wait::detached(
                     async move {
                         let turn = this.turn(&req).await;
-                        let answer = this.attempt(&req, None).await?;
+                        let answer = this.attempt(&req, None, None).await?;
                         Ok((answer, turn))
                     },
                     undo,
@@ -983,11 +1000,14 @@ impl RedisBackend {
                                 turn: Some(turn),
                                 pinned: self.inner.link.pin(),
                             };
-                            let attempt = self.attempt(req, queued).await;
+                            // On the pinned connection, so that the undo
+                            // of a drop goes out behind it, not on a fresh
+                            // connection it could overtake.
+                            let attempt = self.attempt(req, queued, Some(&in_flight.pinned)).await;
                             in_flight.turn = None;
                             attempt
                         } else {
-                            let attempt = self.attempt(req, queued).await;
+                            let attempt = self.attempt(req, queued, None).await;
                             drop(turn);
                             attempt
                         }
@@ -1386,7 +1406,9 @@ impl LockBackend for RedisBackend {
         // try succeeds only when nobody waits, and never joins.
         let id = self.inner.config.fair.then(new_waiter_id);
         let turn = self.turn(req).await;
-        let attempt = self.attempt(req, id.as_deref().map(|id| (id, false))).await;
+        let attempt = self
+            .attempt(req, id.as_deref().map(|id| (id, false)), None)
+            .await;
         drop(turn);
         self.inner.space.stamp(attempt.map(|a| match a {
             Attempt::Acquired(lease) => Some(lease),
@@ -1458,7 +1480,7 @@ impl LockBackend for RedisBackend {
             .arg(ttl_ms);
         let sent_at = Instant::now();
         let (r, acked): (i64, _) = self
-            .run_script("renew", lease.name(), &keys.lock, &inv)
+            .run_script("renew", lease.name(), &keys.lock, &inv, None)
             .await?;
         if r == 1 {
             self.extended(lease, ttl_ms, sent_at, acked)

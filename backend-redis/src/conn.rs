@@ -263,6 +263,19 @@ impl Link {
         .await
     }
 
+    /// [`invoke_on`](Self::invoke_on) `via`'s connection when given, else
+    /// [`invoke`](Self::invoke) on the current one.
+    pub(crate) async fn invoke_via<T: redis::FromRedisValue>(
+        &self,
+        via: Option<&Pinned>,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, Fail> {
+        match via {
+            Some(pinned) => self.invoke_on(pinned, invocation).await,
+            None => self.invoke(invocation).await,
+        }
+    }
+
     /// [`run`](Self::run) on connection `conn` of `generation`.
     async fn run_on<T, F, Fut>(
         &self,
@@ -334,8 +347,12 @@ impl Link {
     /// A pipelined `EVALSHA` is not reloaded by the driver on `NOSCRIPT`
     /// (after a server restart or `SCRIPT FLUSH`); this loads the script and
     /// runs the pipeline once more.
+    ///
+    /// With `via`, on that pinned connection (as
+    /// [`invoke_on`](Self::invoke_on)), else on the current one.
     pub(crate) async fn invoke_and_wait<T: redis::FromRedisValue>(
         &self,
+        via: Option<&Pinned>,
         invocation: &ScriptInvocation<'_>,
         key: &str,
         replicas: u32,
@@ -344,9 +361,13 @@ impl Link {
         let mut pipe = redis::pipe();
         pipe.invoke_script(invocation);
         pipe.cmd("WAIT").arg(replicas).arg(wait.as_millis() as u64);
+        let (generation, conn) = match via {
+            Some(pinned) => (pinned.generation, pinned.conn.clone()),
+            None => self.current(),
+        };
         let once = || {
-            let pipe = pipe.clone();
-            self.run(wait, move |c| async move {
+            let (pipe, conn) = (pipe.clone(), conn.clone());
+            self.run_on(generation, conn, wait, move |c| async move {
                 match c {
                     Conn::Single(mut m) => pipe.query_async(&mut m).await,
                     Conn::Cluster(mut cl) => {
