@@ -907,6 +907,101 @@ impl SqlBackend {
         self.unsure().remove(attempt);
     }
 
+    /// A waiting acquire ended without a lease (its wait ran out, it
+    /// failed, or it was dropped): an attempt of it that got no answer may
+    /// still have taken the row, for nobody. No later attempt of this wait
+    /// will take it back, so a task frees it by its grant id, after one
+    /// `op_timeout` (SQLite: `busy_timeout`, if longer): the statement the
+    /// attempt sent has then ended in the database (a server's own
+    /// statement limit is nine tenths of `op_timeout`, see
+    /// `Dialect::session_limits`; SQLite's statement waits for the file's
+    /// write lock up to `busy_timeout`), unless the network held it up
+    /// longer; such a late grant expires at its TTL, as before.
+    ///
+    /// The task decides in the name and owner's turn: it waits for an
+    /// attempt still in flight (a retry running in its own task), and an
+    /// acquisition of the same owner that took the row back in between
+    /// settled the mark, so its row is never freed.
+    fn give_back_unanswered(&self, name: LockName, owner: OwnerToken) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let this = self.clone();
+        runtime.spawn(async move {
+            let attempt = (name, owner);
+            let limit = match this.inner.config.dialect {
+                Dialect::Sqlite => this
+                    .inner
+                    .config
+                    .op_timeout
+                    .max(this.inner.config.busy_timeout),
+                _ => this.inner.config.op_timeout,
+            };
+            // An attempt still in flight holds the turn until its answer or
+            // its unsure mark is in.
+            drop(this.inner.turns.take(&attempt.0, owner).await);
+            if this.unsure_grant(&attempt).is_none() {
+                return;
+            }
+            tokio::time::sleep(limit).await;
+            let _turn = this.inner.turns.take(&attempt.0, owner).await;
+            let Some(grant_id) = this.unsure_grant(&attempt) else {
+                return;
+            };
+            this.settle(&attempt);
+            let freed = this
+                .call(this.release_grant(&attempt.0, owner, &grant_id))
+                .await;
+            match freed {
+                Ok(true) => tracing::debug!(name = %attempt.0, "polylock sql: freed the row an unanswered attempt of an ended wait had taken"),
+                Ok(false) => {}
+                Err(e) => tracing::debug!(name = %attempt.0, error = %e, "polylock sql: could not free what an unanswered attempt may have taken; it expires at its TTL"),
+            }
+        });
+    }
+
+    /// Frees `name`'s row if the grant `grant_id` of `owner` holds it;
+    /// `true` when it did.
+    async fn release_grant(
+        &self,
+        name: &LockName,
+        owner: OwnerToken,
+        grant_id: &str,
+    ) -> Result<bool, LockError> {
+        let owner = owner.to_string();
+        let channel = self.inner.sql.channel.as_str();
+        let (name, owner, sql) = (name.as_str(), owner.as_str(), &self.inner.sql.release_grant);
+        let freed = self
+            .upkeep("release", true, || async move {
+                Ok(match &self.inner.pools {
+                    Pools::Postgres(p) => sqlx::query(q(sql))
+                        .bind(name)
+                        .bind(owner)
+                        .bind(grant_id)
+                        .bind(channel)
+                        .fetch_all(p)
+                        .await?
+                        .len() as u64,
+                    Pools::Sqlite(p) => sqlx::query(q(sql))
+                        .bind(name)
+                        .bind(owner)
+                        .bind(grant_id)
+                        .execute(p)
+                        .await?
+                        .rows_affected(),
+                    Pools::MySql(p) => sqlx::query(q(sql))
+                        .bind(name.as_bytes())
+                        .bind(owner.as_bytes())
+                        .bind(grant_id.as_bytes())
+                        .execute(p)
+                        .await?
+                        .rows_affected(),
+                })
+            })
+            .await?;
+        Ok(freed > 0)
+    }
+
     /// What `inspect` and `list` report for a held row.
     fn holder(&self, op: &str, row: Row) -> Result<HolderInfo, LockError> {
         let left = self.inner.config.dialect.units_to_duration(row.left);
@@ -1009,6 +1104,22 @@ impl Drop for Pending<'_> {
         if !self.answered {
             self.backend
                 .mark_unsure(&self.attempt, self.until, &self.grant_id);
+        }
+    }
+}
+
+/// A waiting acquire in progress: see [`SqlBackend::give_back_unanswered`].
+struct WaitEnded<'a> {
+    backend: &'a SqlBackend,
+    req: &'a AcquireRequest,
+    with_lease: bool,
+}
+
+impl Drop for WaitEnded<'_> {
+    fn drop(&mut self) {
+        if !self.with_lease {
+            self.backend
+                .give_back_unanswered(self.req.name.clone(), self.req.owner);
         }
     }
 }
@@ -1322,9 +1433,22 @@ impl LockBackend for SqlBackend {
     /// first run in a task of their own ([`wait::detached`]), so a wait
     /// cancelled while its statement is on the way (queued on SQLite's
     /// worker thread, or sent to the server) lets the statement finish and
-    /// releases the row if it won it. Dropping it during the first attempt
-    /// is like dropping [`try_acquire`](LockBackend::try_acquire).
+    /// releases the row if it won it. An attempt that got no answer at all
+    /// (its `op_timeout` ran out) may still take the row later: when the
+    /// wait ends without the lock, however it ends (dropped too, also
+    /// during the first attempt), a task frees what that attempt took, by
+    /// its attempt id, once its statement has ended in the database (one
+    /// `op_timeout`; SQLite: `busy_timeout` if longer). Only a statement
+    /// the network held up longer than that can still leave a row that
+    /// nobody holds until its TTL.
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        // Ended without a lease (also when dropped): what an unanswered
+        // attempt of it may have taken is given back.
+        let mut ended = WaitEnded {
+            backend: self,
+            req,
+            with_lease: false,
+        };
         // Fixed once: the wait counts from the call, also while LISTEN
         // comes up, and `wake_until` is this deadline, not a fresh one.
         let deadline = req.wait_deadline();
@@ -1371,6 +1495,7 @@ impl LockBackend for SqlBackend {
                 wait::acquire_loop(attempt, deadline, backoff, || hub.arm(&name)).await
             }
         };
+        ended.with_lease = matches!(acquired, Ok(Some(_)));
         self.inner.space.stamp(acquired)
     }
 

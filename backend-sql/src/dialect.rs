@@ -330,6 +330,11 @@ pub(crate) struct Statements {
     /// per freed row (and notifies when a waiter asked, see `want_wake`);
     /// others report rows affected.
     pub(crate) release: Arc<str>,
+    /// Binds: name, owner, grant id (PG: + notify channel). Frees the row
+    /// only while the grant of that attempt holds it: what an acquire
+    /// attempt that got no answer may have taken for a wait that has
+    /// ended (`SqlBackend::give_back_unanswered`). Returns as `release`.
+    pub(crate) release_grant: Arc<str>,
     /// PostgreSQL: a waiter's request to be notified of the release of a
     /// held row (binds: name, microseconds it may wait). Updates the row
     /// only while it is held, so 0 rows means it is free now: try again
@@ -575,6 +580,10 @@ impl Statements {
                         "UPDATE {t} SET owner = NULL, expires_at = {now}, holder_meta = NULL \
                          WHERE name = ?1 AND owner = ?2 AND version = ?3"
                     )),
+                    release_grant: s(format!(
+                        "UPDATE {t} SET owner = NULL, expires_at = {now}, holder_meta = NULL \
+                         WHERE name = ?1 AND owner = ?2 AND grant_id = ?3"
+                    )),
                     version_of: s(format!("SELECT version FROM {t} WHERE name = ?1")),
                     after_release: s(format!(
                         "SELECT version, owner IS NULL FROM {t} WHERE name = ?1"
@@ -672,6 +681,12 @@ impl Statements {
                     release: s(format!(
                         "UPDATE {t} SET owner = NULL, expires_at = {now}, holder_meta = NULL \
                          WHERE name = $1 AND owner = $2 AND version = $3 \
+                         RETURNING {notify}",
+                        notify = pg_notify_if_wanted("$4")
+                    )),
+                    release_grant: s(format!(
+                        "UPDATE {t} SET owner = NULL, expires_at = {now}, holder_meta = NULL \
+                         WHERE name = $1 AND owner = $2 AND grant_id = $3 \
                          RETURNING {notify}",
                         notify = pg_notify_if_wanted("$4")
                     )),
@@ -815,6 +830,10 @@ impl Statements {
                     release: s(format!(
                         "UPDATE {t} SET owner = NULL, expires_at = {now}, holder_meta = NULL \
                          WHERE name = ? AND owner = ? AND version = ?"
+                    )),
+                    release_grant: s(format!(
+                        "UPDATE {t} SET owner = NULL, expires_at = {now}, holder_meta = NULL \
+                         WHERE name = ? AND owner = ? AND grant_id = ?"
                     )),
                     version_of: s(format!("SELECT version FROM {t} WHERE name = ?")),
                     after_release: s(format!(

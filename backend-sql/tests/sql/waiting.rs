@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lock_core::Locker;
+use lock_core::{LockBackend, Locker};
 use tokio::time::Instant;
 
 use crate::common::{self, unique};
@@ -198,4 +198,151 @@ async fn a_waiters_polls_follow_the_requested_pacing() {
         "{fast} statements at a 20 ms pacing, {slow} at 500 ms"
     );
     held.release().await.unwrap();
+}
+
+/// A wait that ends while an attempt of it is unanswered (its op_timeout
+/// ran out, the statement still on its way) gives back what that attempt
+/// took once it can no longer land: the row is free again well before its
+/// TTL, where it stayed held by nobody for the whole TTL. PostgreSQL: the
+/// statement is slow on the network; SQLite: it waits for the file's write
+/// lock past the op_timeout. (MariaDB: a statement stuck on a row lock is
+/// ended by the server's own limit, and one slow on the network never gets
+/// past the new connection's handshake, so no such grant can be made.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_wait_gives_back_what_an_unanswered_attempt_took() {
+    let ttl = Duration::from_secs(30);
+    // PostgreSQL behind a link where every answer comes after the 1.5 s
+    // op_timeout, while the statement runs in the database.
+    {
+        let pg = common::pg();
+        let proxy = testkit::Proxy::start(([127, 0, 0, 1], pg.port()).into()).expect("proxy");
+        let table = unique("locks");
+        let via = common::through(&pg.url(), pg.port(), proxy.port());
+        let waiter = backend_sql::SqlBackend::connect(&format!(
+            "{via}?table={table}&op_timeout=1500ms&max_poll=200ms"
+        ))
+        .await
+        .unwrap();
+        let direct = backend_sql::SqlBackend::connect(&format!("{}?table={table}", pg.url()))
+            .await
+            .unwrap();
+        let name = unique("unanswered");
+        let held = common::try_once(&direct, &name, ttl).await.expect("free");
+        // The waiter's connections open and its statements prepared while
+        // the link is fast.
+        let warm = common::try_once(&waiter, &unique("warm"), ttl)
+            .await
+            .expect("free");
+        waiter.release(&warm).await.unwrap();
+        proxy.set_mode(testkit::Mode::Delay(Duration::from_secs(1)));
+        let (req, wait) = start_waiting(&waiter, &name, ttl);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        direct.release(&held).await.unwrap();
+        // A statement of the waiter reaches the database by now and takes
+        // the free row; its answer never comes in time.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        cancel_while_its_attempt_holds("postgres", wait, &direct, &req).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        proxy.set_mode(testkit::Mode::Pass);
+        given_back_before_its_ttl("postgres", &direct, &req).await;
+    }
+    // SQLite: another connection holds the file's write lock; the
+    // waiter's statement waits for it (busy_timeout 3 s) past its 1 s
+    // op_timeout, and goes through when the row is freed and the lock let
+    // go, after the wait was cancelled.
+    {
+        let db = common::sqlite();
+        let url = db.url_with("op_timeout=1s&busy_timeout=3s&max_poll=50ms");
+        let table = common::table_of(&url);
+        let waiter = backend_sql::SqlBackend::connect(&url).await.unwrap();
+        let direct = backend_sql::SqlBackend::connect(&url).await.unwrap();
+        let name = unique("unanswered");
+        let _held = common::try_once(&direct, &name, ttl).await.expect("free");
+        let (req, wait) = start_waiting(&waiter, &name, ttl);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut blocker = common::raw_connection(&db.base).await;
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut blocker)
+            .await
+            .unwrap();
+        // The waiter's next attempt is stuck behind the write lock.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!wait.is_finished(), "sqlite: the wait ended: {wait:?}");
+        wait.abort();
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE {table} SET owner = NULL WHERE name = '{name}'"
+        )))
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+        sqlx::query("COMMIT").execute(&mut blocker).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let taken = direct.inspect(&req.name).await.unwrap();
+        assert_eq!(
+            taken.as_ref().map(|h| h.owner.clone()),
+            Some(req.owner.to_string()),
+            "sqlite: the scenario needs the waiter's unanswered attempt to hold the row"
+        );
+        given_back_before_its_ttl("sqlite", &direct, &req).await;
+    }
+}
+
+/// `waiter` waiting for `name` (up to a minute) in a task.
+fn start_waiting(
+    waiter: &backend_sql::SqlBackend,
+    name: &str,
+    ttl: Duration,
+) -> (
+    lock_core::AcquireRequest,
+    tokio::task::JoinHandle<Result<Option<lock_core::Lease>, lock_core::LockError>>,
+) {
+    let req = common::request(
+        name,
+        lock_core::OwnerToken::random(),
+        ttl,
+        Duration::from_secs(60),
+    );
+    let wait = tokio::spawn({
+        let (waiter, req) = (waiter.clone(), req.clone());
+        async move { waiter.acquire(&req).await }
+    });
+    (req, wait)
+}
+
+/// Cancels `wait`, whose unanswered attempt must hold the row by now.
+async fn cancel_while_its_attempt_holds(
+    what: &str,
+    wait: tokio::task::JoinHandle<Result<Option<lock_core::Lease>, lock_core::LockError>>,
+    direct: &backend_sql::SqlBackend,
+    req: &lock_core::AcquireRequest,
+) {
+    assert!(!wait.is_finished(), "{what}: the wait ended: {wait:?}");
+    wait.abort();
+    let taken = direct.inspect(&req.name).await.unwrap();
+    assert_eq!(
+        taken.as_ref().map(|h| h.owner.clone()),
+        Some(req.owner.to_string()),
+        "{what}: the scenario needs the waiter's unanswered attempt to hold the row"
+    );
+}
+
+/// The row goes free within 10 s, long before its 30 s TTL.
+async fn given_back_before_its_ttl(
+    what: &str,
+    direct: &backend_sql::SqlBackend,
+    req: &lock_core::AcquireRequest,
+) {
+    let given_back = Instant::now() + Duration::from_secs(10);
+    while let Some(holder) = direct.inspect(&req.name).await.unwrap() {
+        assert!(
+            Instant::now() < given_back,
+            "{what}: the row an unanswered attempt took is still held: {holder:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let next = common::try_once(direct, req.name.as_str(), Duration::from_secs(30))
+        .await
+        .expect("free");
+    direct.release(&next).await.unwrap();
 }
