@@ -327,6 +327,21 @@ impl<'a> Unanswered<'a> {
     }
 }
 
+/// A waiting acquire in progress: see [`RedisBackend::give_back_unanswered`].
+struct WaitEnded<'a> {
+    backend: &'a RedisBackend,
+    req: &'a AcquireRequest,
+    with_lease: bool,
+}
+
+impl Drop for WaitEnded<'_> {
+    fn drop(&mut self) {
+        if !self.with_lease {
+            self.backend.give_back_unanswered(self.req);
+        }
+    }
+}
+
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
@@ -510,8 +525,8 @@ impl RedisBackend {
     /// mode `waiter` is the attempt's queue entry and whether a refused
     /// attempt joins (or stays in) the queue. Called in the turn of `req`'s
     /// name and owner (`RedisBackend::turn`), held at least until it returns.
-    /// One attempt; `via`: the connection it must go out on (a retry whose
-    /// cancellation sends its undo there, behind it).
+    /// `via`: the connection it must go out on (a retry whose cancellation
+    /// sends its undo there, behind it).
     async fn attempt(
         &self,
         req: &AcquireRequest,
@@ -1149,6 +1164,67 @@ impl RedisBackend {
         (lease.deadline() > Instant::now() + claim / 2).then_some(lease)
     }
 
+    /// A waiting acquire ended without a lease (its wait ran out, it
+    /// failed, or it was dropped): an attempt of it that got no answer (its
+    /// `op_timeout` ran out, and its connection was replaced) may still
+    /// take the lock when its script reaches the server, for nobody. A task
+    /// releases that grant by the attempt's id one `op_timeout` later,
+    /// when a script still on its way has most likely run; one the network
+    /// held up longer expires at its TTL, as before.
+    ///
+    /// The task decides in the name and owner's turn: it waits for an
+    /// attempt still in flight, and an acquisition of the same owner that
+    /// took the grant over in between answered and cleared the mark, so its
+    /// lock is never released. Plain format (and fair mode) only: the
+    /// Redisson format's release cannot name an attempt.
+    fn give_back_unanswered(&self, req: &AcquireRequest) {
+        if self.inner.layout.format != Format::Plain {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (this, req) = (self.clone(), req.clone());
+        runtime.spawn(async move {
+            let key = (req.name.clone(), req.owner);
+            let marked = |this: &RedisBackend| {
+                this.inner
+                    .unanswered
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains_key(&key)
+            };
+            // An attempt still in flight holds the turn until it returns.
+            drop(this.turn(&req).await);
+            if !marked(&this) {
+                return;
+            }
+            tokio::time::sleep(this.inner.config.timeout).await;
+            let _turn = this.turn(&req).await;
+            let Some(attempt) = this
+                .inner
+                .unanswered
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&key)
+            else {
+                return;
+            };
+            let Some(fence) = FencingToken::new(u64::MAX) else {
+                return;
+            };
+            let lease = req.lease(fence, req.ttl, Instant::now());
+            match this.release_via(&lease, None, Some(&attempt)).await {
+                // Released the grant, found nothing, or found someone
+                // else's lock (left untouched).
+                Ok(()) | Err(LockError::Lost { .. }) => {}
+                Err(e) => {
+                    tracing::debug!(name = %req.name, error = %e, "polylock redis: could not give back what an unanswered attempt may have taken; it expires at its TTL");
+                }
+            }
+        });
+    }
+
     /// [`release`](LockBackend::release), on `via`'s connection when given
     /// (see [`RetryInFlight`]).
     async fn release_via(
@@ -1439,13 +1515,31 @@ impl LockBackend for RedisBackend {
     /// (plain format), or the retry finishes in its own task, which then
     /// releases a win or leaves the queue again (Redisson format). Dropping
     /// it during the first attempt is like dropping
-    /// [`try_acquire`](LockBackend::try_acquire).
+    /// [`try_acquire`](LockBackend::try_acquire), except in the plain
+    /// format: there, whenever the wait ends without the lock (dropped
+    /// too), an attempt of it that got no answer (its `op_timeout` ran out)
+    /// is given back by its attempt id one `op_timeout` later, in case its
+    /// script still ran (see `give_back_unanswered`); only a script the
+    /// network held up longer than that can still leave a lock that nobody
+    /// holds until its TTL. The Redisson format's release cannot name an
+    /// attempt, so such a grant of it expires at its TTL, or is taken back
+    /// by the same owner's next attempt.
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
+        // Ended without a lease (also when dropped): what an unanswered
+        // attempt of it may have taken is given back.
+        let mut ended = WaitEnded {
+            backend: self,
+            req,
+            with_lease: false,
+        };
         if !self.inner.config.fair {
-            return self.inner.space.stamp(self.wait_for(req, None).await);
+            let r = self.wait_for(req, None).await;
+            ended.with_lease = matches!(r, Ok(Some(_)));
+            return self.inner.space.stamp(r);
         }
         let mut entry = QueueEntry::new(self.clone(), self.key_set(&req.name)?, req);
         let r = self.wait_for(req, Some(&entry.id)).await;
+        ended.with_lease = matches!(r, Ok(Some(_)));
         match &r {
             // A granting script took the entry out; a request that may not
             // wait never joined.

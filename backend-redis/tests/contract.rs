@@ -439,3 +439,55 @@ async fn a_redisson_hold_never_shortens_another_holds_expiry() {
     ours.release(&first).await.unwrap();
     assert!(ours.inspect(&n).await.unwrap().is_none());
 }
+
+/// A wait that ends while its attempt is unanswered (the attempt's script
+/// ran on the server, its reply came after the op_timeout) gives back what
+/// the attempt took: the lock is free again long before its TTL, where it
+/// was held by nobody for the whole TTL. In both modes of the plain format.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_ends_on_an_unanswered_attempt_gives_back_its_grant() {
+    for mode in ["", "&fair=true"] {
+        let srv = common::server();
+        let proxy = Proxy::start(srv.addr()).unwrap();
+        let ours = common::backend(&format!(
+            "redis://127.0.0.1:{}/0?op_timeout=1500ms{mode}",
+            proxy.port()
+        ))
+        .await;
+        let direct = common::backend(&format!("{}?op_timeout=2s{mode}", srv.url())).await;
+        let n = name(&format!("contract/unanswered{mode}"));
+        let ttl = Duration::from_secs(30);
+        let held = acquire_free(&direct, &n, ttl).await;
+        // Opens the connection while the network is fast.
+        assert!(ours.inspect(&n).await.unwrap().is_some());
+        // Each way 1 s: the attempt runs on the server at about 1 s, after
+        // the release below, and its reply would come at 2 s, past the
+        // 1.5 s op_timeout and the 1 s wait.
+        proxy.set_mode(Mode::Delay(Duration::from_secs(1)));
+        let request =
+            AcquireRequest::new(n.clone(), OwnerToken::random(), ttl, Duration::from_secs(1))
+                .unwrap();
+        let wait = tokio::spawn({
+            let (ours, request) = (ours.clone(), request.clone());
+            async move { ours.acquire(&request).await }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        direct.release(&held).await.unwrap();
+        let r = wait.await.unwrap();
+        assert!(!matches!(r, Ok(Some(_))), "{mode}: answered in time: {r:?}");
+        let orphan = direct.inspect(&n).await.unwrap();
+        assert_eq!(
+            orphan.map(|h| h.owner),
+            Some(request.owner.to_string()),
+            "{mode}: the scenario needs the unanswered attempt to hold the lock"
+        );
+        proxy.set_mode(Mode::Pass);
+        let given_back = common::eventually(Duration::from_secs(10), || async {
+            direct.inspect(&n).await.unwrap().is_none()
+        })
+        .await;
+        assert!(given_back, "{mode}: still held by nobody, its TTL {ttl:?}");
+        let next = acquire_free(&direct, &n, ttl).await;
+        direct.release(&next).await.unwrap();
+    }
+}
