@@ -158,8 +158,9 @@ impl Locker {
     /// then).
     ///
     /// # Cancel safety
-    /// Dropping the future drops `f` and releases the lock (through the
-    /// guard's drop).
+    /// Dropping the future while `f` runs drops `f` and releases the lock
+    /// (through the guard's drop); dropping it while it waits for the lock
+    /// is dropping [`LockBuilder::acquire`].
     pub async fn with_lock<F, Fut, T>(&self, name: impl AsRef<str>, f: F) -> Result<T, LockError>
     where
         F: FnOnce(crate::FencingToken) -> Fut,
@@ -282,11 +283,15 @@ impl LockBuilder {
     /// # Cancel safety
     /// Dropping the future while it waits leaves nothing behind: this is
     /// how an unbounded wait is cancelled. The backends that wait by
-    /// retrying (SQL, Redis, Redlock) run each retry in a task of its own
-    /// that releases what it wins once nobody waits for it (see
-    /// [`crate::wait::detached`]), so a retry on the wire is undone too.
-    /// Dropping the future during its first attempt may leave a lock that
-    /// nobody holds until its TTL runs out (see [`LockBackend::try_acquire`]).
+    /// retrying (SQL, Redis, Redlock) undo a retry on the wire that wins
+    /// once nobody waits for it (each its own way: a task that finishes the
+    /// retry, see [`crate::wait::detached`], or a release sent behind it on
+    /// its connection); see each backend's `acquire`. Dropping the future
+    /// during its first attempt, or a retry that got no answer at all, may
+    /// leave a lock that nobody holds until its TTL runs out (see
+    /// [`LockBackend::try_acquire`]); the SQL backend and the Redis
+    /// backend's plain format give such a grant back once its request can
+    /// no longer land.
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         let wait = self.wait;
         let name = self
@@ -319,7 +324,9 @@ impl LockBuilder {
     /// [`run_reporting`](LockBuilder::run_reporting) keeps it).
     ///
     /// # Cancel safety
-    /// Dropping the future drops `f` and releases the lock.
+    /// Dropping the future while `f` runs drops `f` and releases the lock
+    /// (through the guard's drop); dropping it while it waits for the lock
+    /// is dropping [`acquire`](LockBuilder::acquire).
     pub async fn run<F, Fut, T>(self, f: F) -> Result<T, LockError>
     where
         F: FnOnce(crate::FencingToken) -> Fut,
@@ -336,7 +343,9 @@ impl LockBuilder {
     /// while `f` ran and `f` was cancelled (`Err(Lost)`).
     ///
     /// # Cancel safety
-    /// Dropping the future drops `f` and releases the lock.
+    /// Dropping the future while `f` runs drops `f` and releases the lock
+    /// (through the guard's drop); dropping it while it waits for the lock
+    /// is dropping [`acquire`](LockBuilder::acquire).
     pub async fn run_reporting<F, Fut, T>(self, f: F) -> Result<RunOutcome<T>, LockError>
     where
         F: FnOnce(crate::FencingToken) -> Fut,
