@@ -194,7 +194,7 @@ struct Inner {
     /// an owner token may serve several acquisitions (one
     /// [`lock_core::Owner`] used twice, or with two lockers), and only that
     /// attempt's grant is taken over.
-    unanswered: Mutex<HashMap<(LockName, OwnerToken), String>>,
+    unanswered: Mutex<HashMap<(LockName, OwnerToken), Mark>>,
     /// One acquire attempt at a time per name and owner, each with what
     /// cleans up after it (`RetryInFlight`, a detached retry's undo). The
     /// unanswered mark lets an attempt take over the grant of the one
@@ -251,7 +251,7 @@ impl Drop for RetryInFlight<'_> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&(self.req.name.clone(), self.req.owner))
-            .cloned();
+            .map(|m| m.id.clone());
         let Some(attempt) = attempt else {
             return;
         };
@@ -278,8 +278,17 @@ impl Drop for RetryInFlight<'_> {
 /// Marks an attempt unanswered until it is disarmed by a reply; dropping
 /// the attempt's future leaves the mark in place.
 struct Unanswered<'a> {
-    set: &'a Mutex<HashMap<(LockName, OwnerToken), String>>,
+    set: &'a Mutex<HashMap<(LockName, OwnerToken), Mark>>,
     key: Option<(LockName, OwnerToken)>,
+}
+
+/// An unanswered mark: see `Inner::unanswered`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Mark {
+    /// The unanswered attempt's id, reused by the attempts after it.
+    id: String,
+    /// When the last attempt under this mark was sent.
+    last_sent: Instant,
 }
 
 impl<'a> Unanswered<'a> {
@@ -288,7 +297,7 @@ impl<'a> Unanswered<'a> {
     /// (its id is then this attempt's too: its grant is the one this
     /// attempt may take over).
     fn mark(
-        set: &'a Mutex<HashMap<(LockName, OwnerToken), String>>,
+        set: &'a Mutex<HashMap<(LockName, OwnerToken), Mark>>,
         key: (LockName, OwnerToken),
     ) -> (Self, String, bool) {
         // Every critical section is one insert, remove or clear.
@@ -301,10 +310,14 @@ impl<'a> Unanswered<'a> {
             marks.clear();
         }
         let earlier = marks.contains_key(&key);
-        let id = marks
-            .entry(key.clone())
-            .or_insert_with(|| format!("{:016x}", rand::random::<u64>()))
-            .clone();
+        // Marked right before the send.
+        let now = Instant::now();
+        let mark = marks.entry(key.clone()).or_insert_with(|| Mark {
+            id: format!("{:016x}", rand::random::<u64>()),
+            last_sent: now,
+        });
+        mark.last_sent = now;
+        let id = mark.id.clone();
         drop(marks);
         (
             Unanswered {
@@ -1168,15 +1181,17 @@ impl RedisBackend {
     /// failed, or it was dropped): an attempt of it that got no answer (its
     /// `op_timeout` ran out, and its connection was replaced) may still
     /// take the lock when its script reaches the server, for nobody. A task
-    /// releases that grant by the attempt's id one `op_timeout` later,
-    /// when a script still on its way has most likely run; one the network
-    /// held up longer expires at its TTL, as before.
+    /// releases that grant by the attempt's id two `op_timeout`s after the
+    /// attempt was sent, when a script still on its way has most likely
+    /// run; one the network held up longer expires at its TTL, as before.
     ///
     /// The task decides in the name and owner's turn: it waits for an
-    /// attempt still in flight, and an acquisition of the same owner that
-    /// took the grant over in between answered and cleared the mark, so its
-    /// lock is never released. Plain format (and fair mode) only: the
-    /// Redisson format's release cannot name an attempt.
+    /// attempt still in flight, and acts only on a mark that no attempt
+    /// sent after the wait ended changed: an acquisition of the same owner
+    /// that took the grant over in between cleared the mark (its lock is
+    /// never released), and one whose own attempt went unanswered keeps
+    /// the mark for its next attempt. Plain format (and fair mode) only:
+    /// the Redisson format's release cannot name an attempt.
     fn give_back_unanswered(&self, req: &AcquireRequest) {
         if self.inner.layout.format != Format::Plain {
             return;
@@ -1185,31 +1200,45 @@ impl RedisBackend {
             return;
         };
         let (this, req) = (self.clone(), req.clone());
+        // Marks of attempts sent after this are another acquisition's (the
+        // same owner taking the name again), which it may still take over.
+        let ended_at = Instant::now();
         runtime.spawn(async move {
             let key = (req.name.clone(), req.owner);
-            let marked = |this: &RedisBackend| {
+            let mark = |this: &RedisBackend| {
                 this.inner
                     .unanswered
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .contains_key(&key)
+                    .get(&key)
+                    .cloned()
             };
             // An attempt still in flight holds the turn until it returns.
             drop(this.turn(&req).await);
-            if !marked(&this) {
-                return;
-            }
-            tokio::time::sleep(this.inner.config.timeout).await;
-            let _turn = this.turn(&req).await;
-            let Some(attempt) = this
-                .inner
-                .unanswered
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&key)
-            else {
+            let Some(seen) = mark(&this) else {
                 return;
             };
+            if seen.last_sent > ended_at {
+                return;
+            }
+            // Its reply was due one op_timeout after the send; a script
+            // still on its way has most likely run one more later.
+            tokio::time::sleep_until(seen.last_sent + this.inner.config.timeout * 2).await;
+            let _turn = this.turn(&req).await;
+            {
+                let mut marks = this
+                    .inner
+                    .unanswered
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                // Unchanged: nothing was sent under this mark since, and no
+                // answer cleared it.
+                if marks.get(&key) != Some(&seen) {
+                    return;
+                }
+                marks.remove(&key);
+            }
+            let attempt = seen.id;
             let Some(fence) = FencingToken::new(u64::MAX) else {
                 return;
             };
@@ -1518,10 +1547,10 @@ impl LockBackend for RedisBackend {
     /// [`try_acquire`](LockBackend::try_acquire), except in the plain
     /// format: there, whenever the wait ends without the lock (dropped
     /// too), an attempt of it that got no answer (its `op_timeout` ran out)
-    /// is given back by its attempt id one `op_timeout` later, in case its
-    /// script still ran (see `give_back_unanswered`); only a script the
-    /// network held up longer than that can still leave a lock that nobody
-    /// holds until its TTL. The Redisson format's release cannot name an
+    /// is given back by its attempt id two `op_timeout`s after its send,
+    /// in case its script still ran (see `give_back_unanswered`); only a
+    /// script the network held up longer than that can still leave a lock
+    /// that nobody holds until its TTL. The Redisson format's release cannot name an
     /// attempt, so such a grant of it expires at its TTL, or is taken back
     /// by the same owner's next attempt.
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {

@@ -312,14 +312,15 @@ async fn an_acquire_slower_than_its_validity_is_not_acquired_and_is_undone() {
     // The undo is visible when the keys would otherwise live on: a drift
     // allowance that leaves no validity after this round trip, with a TTL
     // that outlasts it by far.
-    // 3 s × 0.99 − 1.9 s: trusted for 1.07 s, past a third of the TTL (so
-    // not refused before I/O), and less than the round trip below.
-    let undone = connect("?timeout=3s&drift=1900ms").await;
+    // 6 s × 0.99 − 3.9 s: trusted for 2.04 s, past a third of the TTL (so
+    // not refused before I/O), and less than the 2.2 s round trip below;
+    // the attempt and its undo take 4.4 s of the 6 s TTL.
+    let undone = connect("?timeout=5s&drift=3900ms").await;
     for p in &proxies {
-        p.set_mode(Mode::Delay(Duration::from_millis(600)));
+        p.set_mode(Mode::Delay(Duration::from_millis(1100)));
     }
     let n = name("no-validity");
-    let ttl = Duration::from_millis(3000);
+    let ttl = Duration::from_millis(6000);
     let sent = Instant::now();
     let r = undone.try_acquire(&req(&n, ttl)).await;
     assert!(

@@ -87,7 +87,7 @@ struct Inner {
     /// With each, the id its grant carries (`grant_id`), which its retries
     /// reuse: a retry takes back that grant only, never one the same owner
     /// holds through another acquisition (of this client or another).
-    unsure: Mutex<HashMap<(LockName, OwnerToken), (Instant, String)>>,
+    unsure: Mutex<HashMap<(LockName, OwnerToken), Unsure>>,
     /// One turn per name and owner at a time for acquire statements; see
     /// [`SqlBackend::try_acquire`]. An entry lives while a turn is taken
     /// or awaited.
@@ -870,36 +870,47 @@ impl SqlBackend {
         .await
     }
 
-    #[allow(clippy::type_complexity)]
-    fn unsure(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(LockName, OwnerToken), (Instant, String)>> {
+    fn unsure(&self) -> std::sync::MutexGuard<'_, HashMap<(LockName, OwnerToken), Unsure>> {
         // Critical sections are single map operations.
         self.inner.unsure.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The grant id of an earlier attempt for this name and owner that may
+    /// The mark of an earlier attempt for this name and owner that may
     /// have taken the row without an answer, while its row may be live.
-    fn unsure_grant(&self, attempt: &(LockName, OwnerToken)) -> Option<String> {
+    fn unsure_mark(&self, attempt: &(LockName, OwnerToken)) -> Option<Unsure> {
         self.unsure()
             .get(attempt)
-            .filter(|(until, _)| Instant::now() < *until)
-            .map(|(_, id)| id.clone())
+            .filter(|m| Instant::now() < m.until)
+            .cloned()
     }
 
-    /// Records an attempt whose row, if it ran, carries `grant_id` and
-    /// lives until `until`.
-    fn mark_unsure(&self, attempt: &(LockName, OwnerToken), until: Instant, grant_id: &str) {
+    /// The grant id of [`unsure_mark`](Self::unsure_mark).
+    fn unsure_grant(&self, attempt: &(LockName, OwnerToken)) -> Option<String> {
+        self.unsure_mark(attempt).map(|m| m.grant_id)
+    }
+
+    /// Records an attempt sent at `sent_at` whose row, if it ran, carries
+    /// `grant_id` and lives until `until`.
+    fn mark_unsure(
+        &self,
+        attempt: &(LockName, OwnerToken),
+        until: Instant,
+        grant_id: &str,
+        sent_at: Instant,
+    ) {
         let mut unsure = self.unsure();
         let now = Instant::now();
         // Past their TTL, orphans expire by themselves.
-        unsure.retain(|_, (t, _)| *t > now);
+        unsure.retain(|_, m| m.until > now);
         // An attempt reuses the id of the unanswered one before it (see
         // `try_acquire`), so an entry here already has this id.
-        let (t, _) = unsure
-            .entry(attempt.clone())
-            .or_insert_with(|| (until, grant_id.to_string()));
-        *t = (*t).max(until);
+        let m = unsure.entry(attempt.clone()).or_insert_with(|| Unsure {
+            until,
+            grant_id: grant_id.to_string(),
+            last_sent: sent_at,
+        });
+        m.until = m.until.max(until);
+        m.last_sent = m.last_sent.max(sent_at);
     }
 
     /// The attempt got an answer: nothing of it is unknown.
@@ -910,44 +921,60 @@ impl SqlBackend {
     /// A waiting acquire ended without a lease (its wait ran out, it
     /// failed, or it was dropped): an attempt of it that got no answer may
     /// still have taken the row, for nobody. No later attempt of this wait
-    /// will take it back, so a task frees it by its grant id, after one
-    /// `op_timeout` (SQLite: `busy_timeout`, if longer): the statement the
-    /// attempt sent has then ended in the database (a server's own
-    /// statement limit is nine tenths of `op_timeout`, see
-    /// `Dialect::session_limits`; SQLite's statement waits for the file's
-    /// write lock up to `busy_timeout`), unless the network held it up
-    /// longer; such a late grant expires at its TTL, as before.
+    /// will take it back, so a task frees it by its grant id, two
+    /// `op_timeout`s after that attempt started (SQLite: one `op_timeout`
+    /// and `busy_timeout`): the statement it sent has then ended in the
+    /// database (a server's own statement limit is nine tenths of
+    /// `op_timeout`, see `Dialect::session_limits`; SQLite's statement
+    /// waits for the file's write lock up to `busy_timeout`), unless the
+    /// network held it up longer; such a late grant expires at its TTL, as
+    /// before.
     ///
     /// The task decides in the name and owner's turn: it waits for an
-    /// attempt still in flight (a retry running in its own task), and an
-    /// acquisition of the same owner that took the row back in between
-    /// settled the mark, so its row is never freed.
+    /// attempt still in flight (a retry running in its own task), and acts
+    /// only on a mark that no attempt sent after the wait ended changed:
+    /// an acquisition of the same owner that took the row back in between
+    /// settled the mark (its row is never freed), and one whose own attempt
+    /// went unanswered keeps the mark for its own next attempt.
     fn give_back_unanswered(&self, name: LockName, owner: OwnerToken) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let this = self.clone();
+        // Marks of attempts sent after this are another acquisition's (the
+        // same owner taking the name again), which it may still take back.
+        let ended_at = Instant::now();
         runtime.spawn(async move {
             let attempt = (name, owner);
-            let limit = match this.inner.config.dialect {
-                Dialect::Sqlite => this
-                    .inner
-                    .config
-                    .op_timeout
-                    .max(this.inner.config.busy_timeout),
-                _ => this.inner.config.op_timeout,
-            };
+            // An attempt sends its statement (again, after a broken
+            // connection) within one op_timeout of its start, and the
+            // database ends it within its own limit: nine tenths of
+            // op_timeout on a server, SQLite's busy_timeout for the write
+            // lock.
+            let config = &this.inner.config;
+            let limit = config.op_timeout
+                + match config.dialect {
+                    Dialect::Sqlite => config.busy_timeout,
+                    _ => config.op_timeout,
+                };
             // An attempt still in flight holds the turn until its answer or
             // its unsure mark is in.
             drop(this.inner.turns.take(&attempt.0, owner).await);
-            if this.unsure_grant(&attempt).is_none() {
-                return;
-            }
-            tokio::time::sleep(limit).await;
-            let _turn = this.inner.turns.take(&attempt.0, owner).await;
-            let Some(grant_id) = this.unsure_grant(&attempt) else {
+            let Some(mark) = this.unsure_mark(&attempt) else {
                 return;
             };
+            if mark.last_sent > ended_at {
+                return;
+            }
+            // Until its last statement has surely ended in the database.
+            tokio::time::sleep_until(mark.last_sent + limit).await;
+            let _turn = this.inner.turns.take(&attempt.0, owner).await;
+            // Unchanged: nothing was sent under this mark since, and no
+            // answer settled it.
+            if this.unsure_mark(&attempt).as_ref() != Some(&mark) {
+                return;
+            }
+            let grant_id = mark.grant_id;
             this.settle(&attempt);
             let freed = this
                 .call(this.release_grant(&attempt.0, owner, &grant_id))
@@ -1081,6 +1108,18 @@ impl Row {
     }
 }
 
+/// An acquire attempt that got no answer: see [`SqlBackend::try_acquire`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Unsure {
+    /// When the row it may have taken expires.
+    until: Instant,
+    /// The id its grant carries (and that of every attempt that followed
+    /// under this mark).
+    grant_id: String,
+    /// When the last of those attempts was sent.
+    last_sent: Instant,
+}
+
 /// A fresh grant id: 16 random hex digits.
 fn new_grant_id() -> String {
     format!(
@@ -1094,6 +1133,7 @@ fn new_grant_id() -> String {
 struct Pending<'a> {
     backend: &'a SqlBackend,
     attempt: (LockName, OwnerToken),
+    sent_at: Instant,
     until: Instant,
     grant_id: String,
     answered: bool,
@@ -1103,7 +1143,7 @@ impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if !self.answered {
             self.backend
-                .mark_unsure(&self.attempt, self.until, &self.grant_id);
+                .mark_unsure(&self.attempt, self.until, &self.grant_id, self.sent_at);
         }
     }
 }
@@ -1164,6 +1204,7 @@ impl SqlBackend {
         let mut pending = Pending {
             backend: self,
             attempt,
+            sent_at,
             until: sent_at + granted,
             grant_id: grant_id.clone(),
             answered: false,
@@ -1437,10 +1478,10 @@ impl LockBackend for SqlBackend {
     /// (its `op_timeout` ran out) may still take the row later: when the
     /// wait ends without the lock, however it ends (dropped too, also
     /// during the first attempt), a task frees what that attempt took, by
-    /// its attempt id, once its statement has ended in the database (one
-    /// `op_timeout`; SQLite: `busy_timeout` if longer). Only a statement
-    /// the network held up longer than that can still leave a row that
-    /// nobody holds until its TTL.
+    /// its attempt id, once its statement has ended in the database (two
+    /// `op_timeout`s after the attempt started; SQLite: one and
+    /// `busy_timeout`). Only a statement the network held up longer than
+    /// that can still leave a row that nobody holds until its TTL.
     async fn acquire(&self, req: &AcquireRequest) -> Result<Option<Lease>, LockError> {
         // Ended without a lease (also when dropped): what an unanswered
         // attempt of it may have taken is given back.

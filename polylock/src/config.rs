@@ -432,6 +432,22 @@ fn credentials(
     Ok(format!("{scheme}://{userinfo}{rest}"))
 }
 
+/// Whether URL option `given` is `option` under another of the names the
+/// SQL drivers accept for it (sqlx reads `sslmode` and `ssl-mode` alike,
+/// and several names for each TLS file); the later of two would win.
+fn same_driver_option(given: &str, option: &str) -> bool {
+    const SPELLINGS: &[&[&str]] = &[
+        &["sslmode", "ssl-mode"],
+        &["sslrootcert", "ssl-root-cert", "ssl-ca", "sslca"],
+        &["sslcert", "ssl-cert"],
+        &["sslkey", "ssl-key"],
+    ];
+    given == option
+        || SPELLINGS
+            .iter()
+            .any(|names| names.contains(&given) && names.contains(&option))
+}
+
 /// Appends the URL options `key_prefix` and `[tls]` stand for, under each
 /// backend's own option names.
 fn with_options(root: &Table, url: String, at: &At<'_>) -> Result<String, LockError> {
@@ -494,14 +510,17 @@ fn with_options(root: &Table, url: String, at: &At<'_>) -> Result<String, LockEr
         };
         if let Some((mode, value)) = verify {
             let has_ca = options.iter().any(|(shown, _, _)| *shown == "tls.ca");
-            if has_ca && !parsed.options().any(|(k, _)| k == mode) {
+            if has_ca && !parsed.options().any(|(k, _)| same_driver_option(k, mode)) {
                 options.push(("tls.ca", mode.into(), value.into()));
             }
         }
     }
     let mut url = url;
     for (shown, option, value) in options {
-        if parsed.options().any(|(k, _)| k == option) {
+        if parsed
+            .options()
+            .any(|(k, _)| same_driver_option(k, &option))
+        {
             return Err(at(
                 shown,
                 &format_args!("the URL sets `{option}=` already; give it in one place"),
@@ -657,6 +676,13 @@ ca = "/etc/ssl/ca.pem"
             let u = with_ca(&format!("{scheme}://u@db/app?ssl-mode=REQUIRED")).unwrap();
             assert!(!u.contains("VERIFY_IDENTITY"), "{u}");
         }
+        // The mode or the CA under the drivers' other spellings counts too.
+        let u = with_ca("mysql://u@db/app?sslmode=VERIFY_CA").unwrap();
+        assert!(!u.contains("VERIFY_IDENTITY"), "{u}");
+        let u = with_ca("postgres://u@db/app?ssl-mode=require").unwrap();
+        assert!(!u.contains("verify-full"), "{u}");
+        let e = with_ca("postgres://u@db/app?ssl-ca=/other.pem").unwrap_err();
+        assert!(e.to_string().contains("give it in one place"), "{e}");
         // A cert alone (client authentication) leaves the mode alone.
         let c = parse("url = \"postgres://u@db/app\"\n[tls]\ncert = \"/c.pem\"").unwrap();
         assert!(!c.url().contains("sslmode"), "{}", c.url());
