@@ -243,15 +243,20 @@ impl Drop for RetryInFlight<'_> {
             return;
         };
         // The unanswered mark the retry left holds the id its grant (if
-        // any) carries; without a mark nothing of the retry was sent.
+        // any) carries; without a mark nothing of the retry was sent. The
+        // mark goes with the undo: left in place, the same owner's next
+        // acquisition would reuse the id, and should this undo reach the
+        // server late (a stalled connection, after its own timeout), it
+        // would release that acquisition's lock. A grant of the retry that
+        // the undo misses expires at its TTL.
         let attempt = self
             .backend
             .inner
             .unanswered
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&(self.req.name.clone(), self.req.owner))
-            .map(|m| m.id.clone());
+            .remove(&(self.req.name.clone(), self.req.owner))
+            .map(|m| m.id);
         let Some(attempt) = attempt else {
             return;
         };
