@@ -491,3 +491,110 @@ async fn a_wait_that_ends_on_an_unanswered_attempt_gives_back_its_grant() {
         direct.release(&next).await.unwrap();
     }
 }
+
+/// A cancelled retry's undo that reaches the server late (its connection
+/// stalled past the undo's own timeout) never releases the lock the same
+/// owner's next acquisition holds: that acquisition does not reuse the
+/// cancelled retry's attempt id, which the undo names. (It did while the
+/// unanswered mark stayed behind the undo.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_undo_of_a_cancelled_retry_spares_the_same_owners_next_lock() {
+    let srv = common::server();
+    let proxy = Proxy::start(srv.addr()).unwrap();
+    let ours = common::backend(&format!(
+        "redis://127.0.0.1:{}/0?op_timeout=1s",
+        proxy.port()
+    ))
+    .await;
+    let direct = common::backend(&srv.url()).await;
+    let mut raw = common::raw(&srv.url()).await;
+    let n = name("contract/late-undo");
+    let owner = OwnerToken::random();
+    let scripts = |stats: String| -> u64 {
+        stats
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    };
+    // Held for 1 s and never renewed: the waiter retries when it expires.
+    let held = acquire_free(&direct, &n, Duration::from_secs(1)).await;
+    let started = Instant::now();
+    let waiting = AcquireRequest::new(
+        n.clone(),
+        owner,
+        Duration::from_secs(30),
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    let wait = tokio::spawn({
+        let (ours, waiting) = (ours.clone(), waiting.clone());
+        async move { ours.acquire(&waiting).await }
+    });
+    // The first attempt is refused; then the waiter's connections stall.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    proxy.stall_open_connections();
+    let before: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    // The waiter's next retry goes out on the stalled connection; the
+    // wait is cancelled while it is on its way, and the undo queues
+    // behind it, to time out after 1 s.
+    tokio::time::sleep_until(started + Duration::from_millis(700)).await;
+    assert!(!wait.is_finished(), "the wait ended: {wait:?}");
+    wait.abort();
+    drop(held);
+    // After the undo's timeout, before the wait's own give-back (two
+    // op_timeouts after the retry was sent), once the lock has expired.
+    tokio::time::sleep_until(started + Duration::from_millis(2000)).await;
+    assert!(direct.inspect(&n).await.unwrap().is_none(), "expired");
+    // The same owner again, on a fresh connection.
+    let again = AcquireRequest::new(
+        n.clone(),
+        owner,
+        Duration::from_secs(30),
+        Duration::from_secs(3),
+    )
+    .unwrap();
+    let lease = ours
+        .acquire(&again)
+        .await
+        .unwrap()
+        .expect("the lock is free");
+    // The retry and its undo reach the server now.
+    proxy.resume_stalled();
+    let delivered = common::eventually(Duration::from_secs(5), || {
+        let mut raw = raw.clone();
+        let before = scripts(before.clone());
+        async move {
+            let now: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            scripts(now) >= before + 3
+        }
+    })
+    .await;
+    assert!(
+        delivered,
+        "the scenario needs the stalled retry and its undo to reach the server late"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let holder = direct.inspect(&n).await.unwrap();
+    assert_eq!(
+        holder.as_ref().and_then(|h| h.fence),
+        Some(lease.fence()),
+        "the late undo released the lock the same owner holds: {holder:?}"
+    );
+    ours.release(&lease).await.unwrap();
+}

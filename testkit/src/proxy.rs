@@ -93,11 +93,25 @@ struct Connection {
     client: TcpStream,
     upstream: TcpStream,
     aborted: AtomicBool,
+    /// Held back by [`Proxy::stall_open_connections`]: nothing is written
+    /// until [`Proxy::resume_stalled`], then everything, in order.
+    stalled: AtomicBool,
 }
 
 impl Connection {
     fn aborted(&self) -> bool {
         self.aborted.load(Ordering::SeqCst)
+    }
+
+    /// Waits while the connection is stalled; `false` if it was aborted.
+    fn wait_while_stalled(&self) -> bool {
+        while self.stalled.load(Ordering::SeqCst) {
+            if self.aborted() {
+                return false;
+            }
+            thread::sleep(SLEEP_STEP);
+        }
+        !self.aborted()
     }
 
     /// Makes both sockets close with RST instead of FIN. SO_LINGER 0 turns
@@ -204,6 +218,27 @@ impl Proxy {
         }
     }
 
+    /// Stalls the connections open now, in both directions, the way a
+    /// link that drops every segment for a while does: what is sent on them
+    /// is held back (not lost) until [`resume_stalled`](Self::resume_stalled),
+    /// then delivered in order. Connections made after this pass as the
+    /// mode says, so a client that gives up on a stalled connection and
+    /// opens another gets through, while what it sent on the old one is
+    /// still on its way.
+    pub fn stall_open_connections(&self) {
+        for connection in self.shared.live_connections() {
+            connection.stalled.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Delivers what [`stall_open_connections`](Self::stall_open_connections)
+    /// held back, and lets those connections pass again.
+    pub fn resume_stalled(&self) {
+        for connection in self.shared.live_connections() {
+            connection.stalled.store(false, Ordering::SeqCst);
+        }
+    }
+
     /// How many proxied connections are open.
     pub fn connection_count(&self) -> usize {
         self.shared.live_connections().len()
@@ -303,6 +338,7 @@ fn serve(client: TcpStream, upstream_addr: SocketAddr, shared: Arc<Shared>) {
         client,
         upstream,
         aborted: AtomicBool::new(false),
+        stalled: AtomicBool::new(false),
     });
     lock(&shared.connections).push(Arc::downgrade(&connection));
     // A reset requested between the mode check at accept and registration
@@ -386,7 +422,7 @@ fn write_side(
         let due = match &chunk {
             Chunk::Data(_, due) | Chunk::Eof(due) => *due,
         };
-        if !sleep_until(due, connection) {
+        if !sleep_until(due, connection) || !connection.wait_while_stalled() {
             return;
         }
         match chunk {
